@@ -1,0 +1,30 @@
+"""The engine: runs inside every JAX process.
+
+Public names::
+
+    from nbckpt.engine import AsyncCheckpointer, latest_step, all_steps
+
+It never imports IPython, widgets or ipyparallel.
+"""
+
+from nbckpt.engine.checkpointer import AsyncCheckpointer, CheckpointerOptions
+from nbckpt.engine.sync import (
+    CoordinationServiceClient,
+    InProcessClient,
+    SignalingClient,
+    Synchronizer,
+    default_client,
+)
+from nbckpt.layout import all_steps, latest_step
+
+__all__ = [
+    "AsyncCheckpointer",
+    "CheckpointerOptions",
+    "CoordinationServiceClient",
+    "InProcessClient",
+    "SignalingClient",
+    "Synchronizer",
+    "all_steps",
+    "default_client",
+    "latest_step",
+]

@@ -1,0 +1,50 @@
+"""Hooks at the engine's own phase boundaries, for tests and fault injection.
+
+The checkpointer calls :func:`fire` with the name of each phase just before it starts
+(``"snapshot"``, ``"prepare"``, ``"barrier:tmp_ready"``, ``"write"``,
+``"barrier:write_complete"``, ``"finalize"``, ``"barrier:commit_complete"``). A hook
+may sleep (to stall a process), raise (to fail it) or exit the process. No hook is set
+unless a test or the user sets one.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+__all__ = ["PHASES", "clear_hooks", "fire", "set_hook"]
+
+PHASES = (
+    "snapshot",
+    "prepare",
+    "barrier:tmp_ready",
+    "write",
+    "barrier:write_complete",
+    "finalize",
+    "barrier:commit_complete",
+)
+
+_hooks: dict[str, Callable[[str], None]] = {}
+_lock = threading.Lock()
+
+
+def set_hook(phase: str, fn: Callable[[str], None]) -> None:
+    """Run ``fn(phase)`` in this process each time ``phase`` is about to start."""
+    if phase not in PHASES:
+        raise ValueError(f"unknown phase {phase!r}; phases are {', '.join(PHASES)}")
+    with _lock:
+        _hooks[phase] = fn
+
+
+def clear_hooks() -> None:
+    """Remove every hook of this process."""
+    with _lock:
+        _hooks.clear()
+
+
+def fire(phase: str) -> None:
+    """Run the hook set for ``phase``, if any."""
+    with _lock:
+        fn = _hooks.get(phase)
+    if fn is not None:
+        fn(phase)

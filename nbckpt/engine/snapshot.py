@@ -1,0 +1,127 @@
+"""The blocking part of a save: decide what this process writes and keep it safe.
+
+JAX arrays are immutable, so holding a reference to each owned shard is enough; the
+device-to-host copy starts asynchronously here and finishes in the background. NumPy
+arrays can be mutated by the caller, so the process that writes them copies them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import numpy as np
+
+from nbckpt.engine.storage import chunk_shape
+from nbckpt.engine.tree import Leaf
+
+__all__ = ["ShardWrite", "Snapshot", "describe_sharding", "take_snapshot"]
+
+
+@dataclass
+class ShardWrite:
+    """One region of one leaf that this process writes."""
+
+    leaf: str
+    index: tuple[slice, ...]
+    data: Any  # a single-device jax.Array or a numpy array
+    nbytes: int
+
+
+@dataclass
+class Snapshot:
+    """What this process saves: every leaf's metadata, and its own writes."""
+
+    leaves: list[dict[str, Any]] = field(default_factory=list)
+    writes: list[ShardWrite] = field(default_factory=list)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes this process will write."""
+        return sum(w.nbytes for w in self.writes)
+
+
+def describe_sharding(sharding: Any) -> dict[str, Any]:
+    """Return a JSON-able description of a sharding (enough to rebuild a NamedSharding)."""
+    if isinstance(sharding, jax.sharding.NamedSharding):
+        spec = [list(p) if isinstance(p, tuple) else p for p in sharding.spec]
+        return {
+            "type": "named",
+            "axis_names": [str(a) for a in sharding.mesh.axis_names],
+            "mesh_shape": [int(s) for s in sharding.mesh.devices.shape],
+            "spec": spec,
+        }
+    if isinstance(sharding, jax.sharding.SingleDeviceSharding):
+        return {"type": "single_device"}
+    return {"type": type(sharding).__name__}
+
+
+def _scalar_json(value: bool | int | float | complex) -> Any:
+    if isinstance(value, complex):
+        return [value.real, value.imag]
+    return value
+
+
+def take_snapshot(
+    leaves: list[Leaf], *, process: int, process_count: int, primary: int
+) -> Snapshot:
+    """Build this process's snapshot of ``leaves``.
+
+    A shard of a global ``jax.Array`` is written by the process that holds its replica
+    0, so a replicated shard is written exactly once. Arrays that are local to each
+    process (NumPy arrays, fully addressable jax arrays when several processes run)
+    are taken to be the same everywhere and are written by the primary only.
+
+    Raises
+    ------
+    ValueError
+        If a jax array was already deleted (for example donated to a jitted call).
+    """
+    snap = Snapshot()
+    for leaf in leaves:
+        meta: dict[str, Any] = {
+            "name": leaf.name,
+            "path": [list(p) for p in leaf.path],
+            "kind": leaf.kind,
+        }
+        if leaf.kind == "scalar":
+            meta["py_type"] = type(leaf.value).__name__
+            meta["value"] = _scalar_json(leaf.value)
+            snap.leaves.append(meta)
+            continue
+        value = leaf.value
+        dtype = np.dtype(value.dtype)
+        shape = tuple(int(s) for s in value.shape)
+        meta["shape"] = list(shape)
+        meta["dtype"] = dtype.name
+        if leaf.kind == "jax":
+            if value.is_deleted():
+                raise ValueError(
+                    f"leaf {leaf.name} was deleted before the save (donated to a jitted "
+                    "call?); save before donating, or donate a copy"
+                )
+            sharding = value.sharding
+            meta["sharding"] = describe_sharding(sharding)
+            shard_shape = sharding.shard_shape(shape)
+            local = process_count > 1 and value.is_fully_addressable
+            if not local or process == primary:
+                for shard in value.addressable_shards:
+                    if shard.replica_id != 0:
+                        continue
+                    data = shard.data
+                    data.copy_to_host_async()
+                    nbytes = math.prod(data.shape) * dtype.itemsize
+                    snap.writes.append(ShardWrite(leaf.name, shard.index, data, nbytes))
+        else:
+            shard_shape = shape
+            meta["sharding"] = None
+            if process == primary:
+                copy = np.array(value, copy=True)
+                snap.writes.append(
+                    ShardWrite(leaf.name, tuple(slice(None) for _ in shape), copy, copy.nbytes)
+                )
+        meta["chunks"] = chunk_shape(shard_shape, dtype.itemsize)
+        snap.leaves.append(meta)
+    return snap

@@ -1,0 +1,154 @@
+"""The on-disk layout of a checkpoint root, and the one rule for what is complete.
+
+A root holds::
+
+    <root>/<step>/                    a step (complete, see below)
+    <root>/<step>.nbckpt-tmp/         a save in progress, or one that was abandoned
+    <root>/<step>.nbckpt-deleting/    a step being removed by retention
+    <root>/.nbckpt/ops/<op>/process_<i>.jsonl   the journal of every operation
+
+A ``<step>`` directory is complete if and only if it holds the commit-success file
+(commit-file mode) or metadata that says it was finalized by rename (rename mode: the
+directory only gets its final name once everything in it is durable). Everything that
+lists steps (``all_steps``, restore, the server) goes through :func:`is_complete`.
+This module needs neither jax nor tensorstore.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "COMMIT_FILE",
+    "DELETING_SUFFIX",
+    "METADATA_FILE",
+    "STATE_DIR",
+    "TMP_SUFFIX",
+    "all_steps",
+    "fsync_dir",
+    "fsync_tree_dirs",
+    "is_complete",
+    "latest_step",
+    "ops_dir",
+    "parse_step",
+    "read_metadata",
+    "step_dir",
+    "tmp_dir",
+]
+
+TMP_SUFFIX = ".nbckpt-tmp"
+DELETING_SUFFIX = ".nbckpt-deleting"
+METADATA_FILE = "_CHECKPOINT_METADATA"
+COMMIT_FILE = "commit_success.txt"
+STATE_DIR = ".nbckpt"
+
+
+def step_dir(root: str | os.PathLike[str], step: int) -> Path:
+    """Return the final directory of ``step`` under ``root``."""
+    return Path(root) / str(step)
+
+
+def tmp_dir(root: str | os.PathLike[str], step: int) -> Path:
+    """Return the temporary directory a rename-mode save of ``step`` writes into."""
+    return Path(root) / f"{step}{TMP_SUFFIX}"
+
+
+def ops_dir(root: str | os.PathLike[str]) -> Path:
+    """Return the directory that holds one journal folder per operation."""
+    return Path(root) / STATE_DIR / "ops"
+
+
+def parse_step(name: str) -> int | None:
+    """Return the step a directory name stands for, or None if it names no step."""
+    if name.isdigit() and (name == "0" or not name.startswith("0")):
+        return int(name)
+    return None
+
+
+def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """Return the parsed metadata of a step directory, or None if absent or unreadable."""
+    try:
+        with open(Path(path) / METADATA_FILE, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def is_complete(path: str | os.PathLike[str]) -> bool:
+    """Tell whether a step directory is a complete checkpoint.
+
+    Parameters
+    ----------
+    path
+        A ``<root>/<step>`` directory.
+
+    Returns
+    -------
+    bool
+        True if the commit-success file exists, or the metadata records a rename-mode
+        save (such a directory only exists once finalized). A temporary directory, a
+        commit-file-mode directory without its commit file, or unreadable metadata is
+        never complete.
+    """
+    p = Path(path)
+    if parse_step(p.name) is None or not p.is_dir():
+        return False
+    if (p / COMMIT_FILE).is_file():
+        return True
+    meta = read_metadata(p)
+    return meta is not None and meta.get("mode") == "rename"
+
+
+def all_steps(root: str | os.PathLike[str]) -> list[int]:
+    """List the complete steps under ``root``, ascending.
+
+    Parameters
+    ----------
+    root
+        The checkpoint root. A missing root has no steps.
+
+    Returns
+    -------
+    list of int
+        Only complete steps (see :func:`is_complete`); temporary, abandoned or
+        half-deleted directories are never listed.
+    """
+    try:
+        entries = list(os.scandir(root))
+    except FileNotFoundError:
+        return []
+    steps = []
+    for entry in entries:
+        step = parse_step(entry.name)
+        if step is not None and is_complete(entry.path):
+            steps.append(step)
+    return sorted(steps)
+
+
+def latest_step(root: str | os.PathLike[str]) -> int | None:
+    """Return the newest complete step under ``root``, or None if there is none."""
+    steps = all_steps(root)
+    return steps[-1] if steps else None
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """Make a directory's entries (creations, renames) durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree_dirs(path: str | os.PathLike[str]) -> None:
+    """Fsync every directory under ``path``, deepest first, then ``path`` itself.
+
+    The array files are fsync'd by their writers; this makes their directory entries
+    durable too, so a rename that publishes the tree never points at missing names.
+    """
+    for dirpath, _dirnames, _files in os.walk(path, topdown=False):
+        fsync_dir(dirpath)

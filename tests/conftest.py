@@ -1,0 +1,35 @@
+"""Shared fixtures: real JAX process groups on 127.0.0.1, started once per session."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from nbckpt.procgroup import ProcessGroup
+
+REPO = Path(__file__).resolve().parent.parent
+_ENV = {"PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+
+
+@pytest.fixture(scope="session")
+def group4() -> Iterator[ProcessGroup]:
+    """Four JAX processes with two CPU devices each (eight devices in all)."""
+    with ProcessGroup(4, devices_per_process=2, env=_ENV) as group:
+        yield group
+
+
+@pytest.fixture(scope="session")
+def group2() -> Iterator[ProcessGroup]:
+    """Two JAX processes with one CPU device each."""
+    with ProcessGroup(2, devices_per_process=1, env=_ENV) as group:
+        yield group
+
+
+@pytest.fixture(scope="session")
+def group1() -> Iterator[ProcessGroup]:
+    """One JAX process (no coordination service) with two CPU devices."""
+    with ProcessGroup(1, devices_per_process=2, env=_ENV) as group:
+        yield group

@@ -1,0 +1,215 @@
+"""Functions the multihost tests run inside real JAX processes (one call per process)."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from nbckpt.engine import AsyncCheckpointer, Synchronizer, default_client, hooks
+from nbckpt.errors import NbckptError
+
+_checkpointers: dict[tuple[str, str], AsyncCheckpointer] = {}
+
+
+def info() -> dict[str, Any]:
+    return {
+        "process": jax.process_index(),
+        "count": jax.process_count(),
+        "devices": jax.device_count(),
+        "local": jax.local_device_count(),
+        "pid": os.getpid(),
+    }
+
+
+def _mesh() -> Mesh:
+    devices = np.array(jax.devices())
+    shape = (len(devices) // 2, 2) if len(devices) >= 2 else (1, 1)
+    return Mesh(devices.reshape(shape), ("data", "model"))
+
+
+def full_values(step: int) -> dict[str, np.ndarray]:
+    """The global value of every array leaf at ``step`` (the same on every process)."""
+    rng = np.random.default_rng(step)
+    return {
+        "w": rng.standard_normal((64, 32)).astype(np.float32),
+        "b": rng.standard_normal((32,)).astype(np.float32),
+        "mu": rng.standard_normal((64, 32)).astype(jax.numpy.bfloat16),
+        "count": np.arange(16, dtype=np.int32) + step,
+        "host": np.arange(10, dtype=np.int64) * step,
+    }
+
+
+def _specs() -> dict[str, P]:
+    return {
+        "w": P("data", "model"),  # sharded on both axes
+        "b": P(),  # replicated on every device
+        "mu": P("data", None),  # mixed: sharded on data, replicated on model
+        "count": P(("data", "model")),
+    }
+
+
+def shardings() -> dict[str, NamedSharding]:
+    mesh = _mesh()
+    return {k: NamedSharding(mesh, spec) for k, spec in _specs().items()}
+
+
+def make_state(step: int) -> dict[str, Any]:
+    full = full_values(step)
+    sh = shardings()
+    arrays = {
+        k: jax.make_array_from_callback(full[k].shape, sh[k], lambda idx, k=k: full[k][idx])
+        for k in sh
+    }
+    return {
+        "params": {"w": arrays["w"], "b": arrays["b"]},
+        "opt": {"mu": arrays["mu"], "count": arrays["count"]},
+        "host": full["host"],
+        "lr": 0.001,
+        "step": step,
+        "flag": True,
+    }
+
+
+def target() -> dict[str, Any]:
+    sh = shardings()
+    full = full_values(0)
+    sds = {k: jax.ShapeDtypeStruct(full[k].shape, full[k].dtype, sharding=sh[k]) for k in sh}
+    return {
+        "params": {"w": sds["w"], "b": sds["b"]},
+        "opt": {"mu": sds["mu"], "count": sds["count"]},
+        # Any leaf that is not a sharding asks for the saved host value back.
+        "host": ...,
+        "lr": ...,
+        "step": ...,
+        "flag": ...,
+    }
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+def check_state(state: dict[str, Any], step: int, *, subset: bool = False) -> list[str]:
+    """Return the mismatches between a restored state and the values saved at ``step``."""
+    full = full_values(step)
+    problems = []
+    leaves = {
+        "w": state["params"]["w"],
+        "b": state["params"].get("b"),
+    }
+    if not subset:
+        leaves.update({"mu": state["opt"]["mu"], "count": state["opt"]["count"]})
+    for name, arr in leaves.items():
+        if arr is None:
+            problems.append(f"{name}: missing")
+            continue
+        if not isinstance(arr, jax.Array):
+            problems.append(f"{name}: {type(arr).__name__}, not a jax.Array")
+            continue
+        for shard in arr.addressable_shards:
+            if not _same(np.asarray(shard.data), full[name][shard.index]):
+                problems.append(f"{name}: shard {shard.index} differs")
+    if not subset:
+        if not _same(np.asarray(state["host"]), full["host"]):
+            problems.append("host differs")
+        if state["lr"] != 0.001 or state["step"] != step or state["flag"] is not True:
+            problems.append(f"scalars differ: {state['lr']!r} {state['step']!r} {state['flag']!r}")
+        if type(state["step"]) is not int or type(state["flag"]) is not bool:
+            problems.append("scalar types differ")
+    return problems
+
+
+def checkpointer(root: str, **options: Any) -> AsyncCheckpointer:
+    key = (root, repr(sorted(options.items())))
+    if key not in _checkpointers:
+        _checkpointers[key] = AsyncCheckpointer(root, **options)
+    return _checkpointers[key]
+
+
+def save(root: str, step: int, *, wait: bool = True, **options: Any) -> dict[str, Any]:
+    state = make_state(step)
+    ckptr = checkpointer(root, **options)
+    t0 = time.perf_counter()
+    ckptr.save(step, state)
+    blocked = time.perf_counter() - t0
+    if wait:
+        ckptr.wait_until_finished()
+    return {"blocked_s": blocked, "op": ckptr.last_op}
+
+
+def wait(root: str, **options: Any) -> str | None:
+    """Wait for the save in flight; return its error text, or None."""
+    try:
+        checkpointer(root, **options).wait_until_finished()
+    except NbckptError as e:
+        return str(e)
+    return None
+
+
+def restore_check(
+    root: str, step: int | None, expect_step: int, *, use_target: bool = True, subset: bool = False
+) -> list[str]:
+    ckptr = AsyncCheckpointer(root)
+    t = {"params": {"w": target()["params"]["w"]}} if subset else target() if use_target else None
+    state = ckptr.restore(step, target=t)
+    if subset:
+        extra = set(state) - {"params"}
+        if extra or set(state["params"]) != {"w"}:
+            return [f"partial restore returned more than asked: {sorted(state)}"]
+        state["params"]["b"] = None
+        problems = check_state(state, expect_step, subset=True)
+        return [p for p in problems if not p.startswith("b:")]
+    return check_state(state, expect_step)
+
+
+def barrier_skip(op: str, skip: int, timeout_s: float) -> str:
+    """Every process but ``skip`` waits at one barrier; return what each saw."""
+    sync = Synchronizer(default_client())
+    if jax.process_index() == skip:
+        time.sleep(timeout_s + 1.0)
+        return "skipped"
+    try:
+        sync.barrier(op, "skip_test", timeout_s=timeout_s)
+    except NbckptError as e:
+        return f"{type(e).__name__}: {e}"
+    return "passed"
+
+
+def barrier_subset(op: str, processes: list[int]) -> str:
+    if jax.process_index() not in processes:
+        return "not a participant"
+    Synchronizer(default_client()).barrier(op, "subset", timeout_s=30, process_ids=processes)
+    return "passed"
+
+
+def barrier_round_trips(op: str, count: int) -> float:
+    """Median seconds of ``count`` barriers in a row."""
+    sync = Synchronizer(default_client())
+    times = []
+    for i in range(count):
+        t0 = time.perf_counter()
+        sync.barrier(op, f"rt{i}", timeout_s=30)
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def stall_at(phase: str, process: int, seconds: float) -> None:
+    """Make ``process`` sleep for ``seconds`` each time ``phase`` starts."""
+    hooks.clear_hooks()
+    if jax.process_index() == process:
+        hooks.set_hook(phase, lambda _p: time.sleep(seconds))
+
+
+def stall_everywhere(phase: str, seconds: float) -> None:
+    hooks.clear_hooks()
+    hooks.set_hook(phase, lambda _p: time.sleep(seconds))
+
+
+def clear_hooks() -> None:
+    hooks.clear_hooks()

@@ -1,0 +1,48 @@
+import json
+
+from nbckpt.layout import (
+    COMMIT_FILE,
+    METADATA_FILE,
+    all_steps,
+    is_complete,
+    latest_step,
+    parse_step,
+)
+
+
+def _step(root, name, *, mode=None, commit=False, meta_text=None):
+    d = root / name
+    d.mkdir()
+    if mode is not None:
+        (d / METADATA_FILE).write_text(json.dumps({"mode": mode}))
+    if meta_text is not None:
+        (d / METADATA_FILE).write_text(meta_text)
+    if commit:
+        (d / COMMIT_FILE).write_text("op\n")
+    return d
+
+
+def test_parse_step():
+    assert parse_step("0") == 0
+    assert parse_step("12") == 12
+    for bad in ("012", "1.nbckpt-tmp", "-1", "x", "", "1e3"):
+        assert parse_step(bad) is None
+
+
+def test_only_complete_steps_are_listed(tmp_path):
+    _step(tmp_path, "1", mode="rename")
+    _step(tmp_path, "2", mode="commit_file", commit=True)
+    _step(tmp_path, "3", mode="commit_file")  # commit-file save not committed yet
+    _step(tmp_path, "4")  # no metadata at all
+    _step(tmp_path, "5", meta_text="{torn")  # unreadable metadata
+    _step(tmp_path, "6.nbckpt-tmp", mode="rename")  # temporary, even with metadata
+    _step(tmp_path, "7.nbckpt-deleting", mode="rename")
+    (tmp_path / "8").write_text("a file, not a step")
+    assert all_steps(tmp_path) == [1, 2]
+    assert latest_step(tmp_path) == 2
+    assert not is_complete(tmp_path / "6.nbckpt-tmp")
+
+
+def test_missing_root_has_no_steps(tmp_path):
+    assert all_steps(tmp_path / "nope") == []
+    assert latest_step(tmp_path / "nope") is None

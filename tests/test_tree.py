@@ -1,0 +1,56 @@
+from typing import NamedTuple
+
+import jax
+import numpy as np
+import pytest
+
+from nbckpt.engine.tree import flatten, leaf_name, unflatten_paths
+
+
+class Pair(NamedTuple):
+    a: object
+    b: object
+
+
+def test_flatten_classifies_and_names_leaves():
+    tree = {
+        "params": {"w": jax.numpy.ones(2), "b/x": np.zeros(3)},
+        "lr": 0.1,
+        "hist": [np.float32(1.0), 3],
+        "pair": Pair(1, 2),
+    }
+    leaves = {leaf.name: leaf.kind for leaf in flatten(tree)}
+    assert leaves == {
+        "hist.0": "numpy",
+        "hist.1": "scalar",
+        "lr": "scalar",
+        "pair.a": "scalar",
+        "pair.b": "scalar",
+        "params.b%2Fx": "numpy",
+        "params.w": "jax",
+    }
+
+
+def test_unsupported_leaf_names_its_path():
+    with pytest.raises(TypeError, match=r"leaf \['opt'\]\[1\] is a str"):
+        flatten({"opt": [1, "adam"]})
+    with pytest.raises(TypeError, match="dtype <U3"):
+        flatten({"names": np.array(["abc"])})
+
+
+def test_names_stay_distinct_when_keys_contain_separators():
+    names = [leaf.name for leaf in flatten({"a.b": 1, "a": {"b": 2}, "%2E": 3})]
+    assert sorted(names) == ["%252E", "a%2Eb", "a.b"]
+
+
+def test_root_leaf_and_unflatten():
+    assert leaf_name(()) == "_root"
+    tree = unflatten_paths(
+        [
+            ((("key", "a"), ("index", 1)), "y"),
+            ((("key", "a"), ("index", 0)), "x"),
+            ((("key", "b"),), 3),
+        ]
+    )
+    assert tree == {"a": ["x", "y"], "b": 3}
+    assert unflatten_paths([((), 5)]) == 5
