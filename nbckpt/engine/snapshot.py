@@ -81,47 +81,57 @@ def take_snapshot(
     """
     snap = Snapshot()
     for leaf in leaves:
-        meta: dict[str, Any] = {
-            "name": leaf.name,
-            "path": [list(p) for p in leaf.path],
-            "kind": leaf.kind,
-        }
-        if leaf.kind == "scalar":
-            meta["py_type"] = type(leaf.value).__name__
-            meta["value"] = _scalar_json(leaf.value)
-            snap.leaves.append(meta)
-            continue
-        value = leaf.value
-        dtype = np.dtype(value.dtype)
-        shape = tuple(int(s) for s in value.shape)
-        meta["shape"] = list(shape)
-        meta["dtype"] = dtype.name
-        if leaf.kind == "jax":
-            if value.is_deleted():
-                raise ValueError(
-                    f"leaf {leaf.name} was deleted before the save (donated to a jitted "
-                    "call?); save before donating, or donate a copy"
-                )
-            sharding = value.sharding
-            meta["sharding"] = describe_sharding(sharding)
-            shard_shape = sharding.shard_shape(shape)
-            local = process_count > 1 and value.is_fully_addressable
-            if not local or process == primary:
-                for shard in value.addressable_shards:
-                    if shard.replica_id != 0:
-                        continue
-                    data = shard.data
-                    data.copy_to_host_async()
-                    nbytes = math.prod(data.shape) * dtype.itemsize
-                    snap.writes.append(ShardWrite(leaf.name, shard.index, data, nbytes))
-        else:
-            shard_shape = shape
-            meta["sharding"] = None
-            if process == primary:
-                copy = np.array(value, copy=True)
-                snap.writes.append(
-                    ShardWrite(leaf.name, tuple(slice(None) for _ in shape), copy, copy.nbytes)
-                )
-        meta["chunks"] = chunk_shape(shard_shape, dtype.itemsize)
-        snap.leaves.append(meta)
+        try:
+            _snapshot_leaf(snap, leaf, process, process_count, primary)
+        except (ValueError, RuntimeError) as e:
+            raise type(e)(f"cannot snapshot leaf {leaf.name}: {e}") from e
     return snap
+
+
+def _snapshot_leaf(
+    snap: Snapshot, leaf: Leaf, process: int, process_count: int, primary: int
+) -> None:
+    """Add one leaf's metadata, and this process's writes of it, to ``snap``."""
+    meta: dict[str, Any] = {
+        "name": leaf.name,
+        "path": [list(p) for p in leaf.path],
+        "kind": leaf.kind,
+    }
+    if leaf.kind == "scalar":
+        meta["py_type"] = type(leaf.value).__name__
+        meta["value"] = _scalar_json(leaf.value)
+        snap.leaves.append(meta)
+        return
+    value = leaf.value
+    dtype = np.dtype(value.dtype)
+    shape = tuple(int(s) for s in value.shape)
+    meta["shape"] = list(shape)
+    meta["dtype"] = dtype.name
+    if leaf.kind == "jax":
+        if value.is_deleted():
+            raise ValueError(
+                "it was deleted before the save (donated to a jitted call?); save "
+                "before donating, or donate a copy"
+            )
+        sharding = value.sharding
+        meta["sharding"] = describe_sharding(sharding)
+        shard_shape = sharding.shard_shape(shape)
+        local = process_count > 1 and value.is_fully_addressable
+        if not local or process == primary:
+            for shard in value.addressable_shards:
+                if shard.replica_id != 0:
+                    continue
+                data = shard.data
+                data.copy_to_host_async()
+                nbytes = math.prod(data.shape) * dtype.itemsize
+                snap.writes.append(ShardWrite(leaf.name, shard.index, data, nbytes))
+    else:
+        shard_shape = shape
+        meta["sharding"] = None
+        if process == primary:
+            copy = np.array(value, copy=True)
+            snap.writes.append(
+                ShardWrite(leaf.name, tuple(slice(None) for _ in shape), copy, copy.nbytes)
+            )
+    meta["chunks"] = chunk_shape(shard_shape, dtype.itemsize)
+    snap.leaves.append(meta)

@@ -1,0 +1,158 @@
+"""Engine figures: how long ``save`` blocks, time to a durable commit, cold restore.
+
+Run: ``.venv/bin/python benchmarks/engine_bench.py [--gib 1] [--processes 4] [--reps 3]``
+
+Four local JAX processes (one CPU device each) save a float32 state of the given size,
+sharded over all devices, into a fresh root. Before each restore the page cache of the
+step's files is dropped (``posix_fadvise(DONTNEED)`` on every file, after they were
+fsync'd), so the restore reads from the disk. Each figure is the median over
+repetitions of the slowest process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+_LEAVES = 8
+_state: dict[str, Any] = {}
+
+
+# -- inside the JAX processes ---------------------------------------------------------
+
+
+def _w_build(nbytes: int) -> int:
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+    sharding = NamedSharding(mesh, PartitionSpec("data"))
+    n = jax.device_count()
+    rows = max(n, nbytes // 4 // _LEAVES // 4096 // n * n)
+
+    def block(idx: Any) -> np.ndarray:
+        start, stop, _ = idx[0].indices(rows)
+        return np.full((stop - start, 4096), float(start), np.float32)
+
+    _state["tree"] = {
+        f"w{i}": jax.make_array_from_callback((rows, 4096), sharding, block) for i in range(_LEAVES)
+    }
+    _state["sharding"] = sharding
+    jax.block_until_ready(_state["tree"])
+    return rows * 4096 * 4 * _LEAVES
+
+
+def _w_save(root: str, step: int) -> dict[str, float]:
+    from nbckpt.engine import AsyncCheckpointer
+
+    ckptr = AsyncCheckpointer(root)
+    t0 = time.perf_counter()
+    ckptr.save(step, _state["tree"])
+    blocked = time.perf_counter() - t0
+    ckptr.wait_until_finished()
+    return {"blocked": blocked, "commit": time.perf_counter() - t0}
+
+
+def _w_restore(root: str, step: int) -> float:
+    import jax
+
+    from nbckpt.engine import AsyncCheckpointer
+
+    target = {k: _state["sharding"] for k in _state["tree"]}
+    t0 = time.perf_counter()
+    out = AsyncCheckpointer(root).restore(step, target=target)
+    jax.block_until_ready(out)
+    return time.perf_counter() - t0
+
+
+def _w_barriers(count: int) -> float:
+    from nbckpt.engine import Synchronizer, default_client
+
+    sync = Synchronizer(default_client())
+    times = []
+    for i in range(count):
+        t0 = time.perf_counter()
+        sync.barrier("bench-barrier", f"b{i}", timeout_s=30)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+# -- parent ---------------------------------------------------------------------------
+
+
+def drop_cache(path: Path) -> str:
+    """Evict ``path``'s files from the page cache; return the method that worked."""
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("1\n")
+        return "drop_caches"
+    except OSError:
+        pass
+    for dirpath, _dirs, files in os.walk(path):
+        for name in files:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+    return "posix_fadvise"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark and print its figures."""
+    sys.path.insert(0, str(REPO))
+    from nbckpt.procgroup import ProcessGroup
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gib", type=float, default=1.0)
+    parser.add_argument("--processes", type=int, default=4)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--dir", help="where to write (default: a temporary directory)")
+    args = parser.parse_args(argv)
+
+    base = Path(tempfile.mkdtemp(prefix="nbckpt-bench-", dir=args.dir))
+    env = {"PYTHONPATH": os.pathsep.join([str(HERE), str(REPO)])}
+    mod = Path(__file__).stem
+    try:
+        with ProcessGroup(args.processes, env=env) as group:
+            nbytes = group.run(f"{mod}:_w_build", int(args.gib * 2**30))[0]
+            saves, restores, method = [], [], ""
+            for rep in range(args.reps):
+                root = base / f"rep{rep}"
+                res = group.run(f"{mod}:_w_save", str(root), rep)
+                saves.append((max(r["blocked"] for r in res), max(r["commit"] for r in res)))
+                method = drop_cache(root)
+                restores.append(max(group.run(f"{mod}:_w_restore", str(root), rep)))
+                shutil.rmtree(root)
+            barrier = max(group.run(f"{mod}:_w_barriers", 200))
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+    blocked = statistics.median(s[0] for s in saves)
+    commit = statistics.median(s[1] for s in saves)
+    restore = statistics.median(restores)
+    gb = nbytes / 1e9
+    print(
+        f"nbckpt engine benchmark: {nbytes / 2**30:.2f} GiB float32 in {_LEAVES} arrays, "
+        f"{args.processes} processes x 1 CPU device, {args.reps} reps (medians), "
+        f"cache dropped with {method}"
+    )
+    print(f"  save blocks          {blocked * 1e3:8.1f} ms")
+    print(f"  durable commit after {commit:8.2f} s   ({gb / commit:.2f} GB/s)")
+    print(f"  cold restore         {restore:8.2f} s   ({gb / restore:.2f} GB/s)")
+    print(f"  barrier round trip   {barrier * 1e3:8.2f} ms  ({args.processes} processes)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
