@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", help="checkpoint directory (default: a new temporary one)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     args = parser.parse_args(argv)
-    if args.processes < 1 or args.mib < 1 or args.steps < args.save_every < 1:
+    if args.processes < 1 or args.mib < 1 or args.save_every < 1 or args.steps < args.save_every:
         parser.error("need --processes >= 1, --mib >= 1 and --steps >= --save-every >= 1")
 
     made_root = args.root is None

@@ -1,0 +1,58 @@
+import subprocess
+import sys
+
+import nbckpt
+import nbckpt.engine
+
+
+def test_engine_public_names_are_pinned():
+    assert set(nbckpt.engine.__all__) == {
+        "AsyncCheckpointer",
+        "CheckpointerOptions",
+        "CoordinationServiceClient",
+        "InProcessClient",
+        "SignalingClient",
+        "Synchronizer",
+        "all_steps",
+        "default_client",
+        "latest_step",
+    }
+    for name in nbckpt.engine.__all__:
+        assert getattr(nbckpt.engine, name).__doc__, name
+
+
+def test_top_level_public_names_are_pinned():
+    assert set(nbckpt.__all__) == {
+        "BarrierTimeoutError",
+        "CheckpointError",
+        "NbckptError",
+        "PeerFailedError",
+        "RootNotWritableError",
+        "StepExistsError",
+        "StepNotFoundError",
+        "__version__",
+        "all_steps",
+        "latest_step",
+    }
+
+
+def _imported_after(code: str) -> set[str]:
+    out = subprocess.run(
+        [sys.executable, "-c", f"{code}\nimport sys\nprint(' '.join(sorted(sys.modules)))"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return set(out.split())
+
+
+def test_notebook_side_modules_do_not_import_jax():
+    mods = _imported_after(
+        "import nbckpt, nbckpt.journal, nbckpt.layout, nbckpt.errors, nbckpt.procgroup"
+    )
+    assert "jax" not in mods and "tensorstore" not in mods
+
+
+def test_engine_does_not_import_ipython():
+    mods = _imported_after("import nbckpt.engine")
+    assert not {"IPython", "ipyparallel", "ipywidgets"} & mods
