@@ -17,6 +17,14 @@ from nbckpt.layout import all_steps, latest_step
 
 __version__ = "0.1.0"
 
+
+def load_ipython_extension(ipython: object) -> None:
+    """Register the ``%ckpt_*`` magics: ``%load_ext nbckpt``."""
+    from nbckpt.magics import load_ipython_extension as load
+
+    load(ipython)
+
+
 __all__ = [
     "BarrierTimeoutError",
     "CheckpointError",

@@ -19,10 +19,11 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 __all__ = [
     "COMMIT_FILE",
+    "Mode",
     "DELETING_SUFFIX",
     "METADATA_FILE",
     "STATE_DIR",
@@ -44,6 +45,9 @@ DELETING_SUFFIX = ".nbckpt-deleting"
 METADATA_FILE = "_CHECKPOINT_METADATA"
 COMMIT_FILE = "commit_success.txt"
 STATE_DIR = ".nbckpt"
+
+#: How a save is finalized: rename a temporary directory, or write a commit file.
+Mode = Literal["rename", "commit_file"]
 
 
 def step_dir(root: str | os.PathLike[str], step: int) -> Path:

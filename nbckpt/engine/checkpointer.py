@@ -11,7 +11,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from nbckpt.engine import hooks
 from nbckpt.engine import restore as _restore
@@ -32,6 +32,7 @@ from nbckpt.layout import (
     COMMIT_FILE,
     DELETING_SUFFIX,
     METADATA_FILE,
+    Mode,
     all_steps,
     fsync_dir,
     fsync_tree_dirs,
@@ -44,7 +45,6 @@ from nbckpt.layout import (
 __all__ = ["AsyncCheckpointer", "CheckpointerOptions"]
 
 FORMAT = "nbckpt/1"
-Mode = Literal["rename", "commit_file"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -166,7 +166,7 @@ class AsyncCheckpointer:
         """The number of processes in the job."""
         return self._sync.process_count
 
-    def save(self, step: int, tree: Any, *, force: bool = False) -> None:
+    def save(self, step: int, tree: Any, *, force: bool = False, key: str | None = None) -> None:
         """Start saving ``tree`` as ``step``; return once the snapshot is safe.
 
         Parameters
@@ -180,6 +180,10 @@ class AsyncCheckpointer:
             primary writes them.
         force
             Replace ``step`` if it is already committed.
+        key
+            A string unique to this call and the same on every process (a driver such
+            as the notebook client passes one). Without it, calls are matched across
+            processes by their order, so every process must make the same calls.
 
         Raises
         ------
@@ -197,7 +201,7 @@ class AsyncCheckpointer:
         self.wait_until_finished()
         step = _check_step(step)
         leaves = flatten(tree)
-        op = self._preflight("save", step, force=force)
+        op = self._preflight("save", step, force=force, key=key)
         me, n = self.process_index, self.process_count
         journal = JournalWriter(self.root, op, me, "save", step)
         journal.emit(
@@ -249,7 +253,9 @@ class AsyncCheckpointer:
         """Tell whether a save is still running in the background."""
         return self._thread is not None and self._thread.is_alive()
 
-    def restore(self, step: int | None = None, target: Any = None) -> Any:
+    def restore(
+        self, step: int | None = None, target: Any = None, *, key: str | None = None
+    ) -> Any:
         """Read a complete step back, each process reading only what it needs.
 
         Parameters
@@ -264,6 +270,8 @@ class AsyncCheckpointer:
             anything else (restored as host values). A target that covers a subtree
             restores that subtree only. The process count and mesh may differ from
             those at save time.
+        key
+            As for :meth:`save`.
 
         Returns
         -------
@@ -284,7 +292,7 @@ class AsyncCheckpointer:
             step = _check_step(step)
             if not is_complete(step_dir(self.root, step)):
                 raise StepNotFoundError(str(self.root), step, all_steps(self.root))
-        op = self._preflight("restore", step, force=False)
+        op = self._preflight("restore", step, force=False, key=key)
         journal = JournalWriter(self.root, op, self.process_index, "restore", step)
         journal.emit("requested", process_count=self.process_count)
         try:
@@ -323,13 +331,13 @@ class AsyncCheckpointer:
         if self._closed:
             raise NbckptError("this checkpointer is closed; create a new AsyncCheckpointer")
 
-    def _preflight(self, kind: str, step: int, *, force: bool) -> str:
+    def _preflight(self, kind: str, step: int, *, force: bool, key: str | None) -> str:
         """Agree on an operation id and check, on every process, that it can go ahead.
 
         The check happens before anyone writes, and every process raises the same
         error, so a bad root or an existing step never leaves a half-started save.
         """
-        seq = f"seq{next_sequence()}"
+        seq = f"key-{key}" if key is not None else f"seq{next_sequence()}"
         me = self.process_index
         problem: dict[str, str] = {}
         if kind == "save":

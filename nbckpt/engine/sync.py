@@ -239,19 +239,22 @@ def default_client() -> SignalingClient:
         return _default_inprocess
 
 
-_sequence = itertools.count()
+_sequences: dict[tuple[int, ...] | None, itertools.count[int]] = {}
 _sequence_lock = threading.Lock()
 
 
-def next_sequence() -> int:
-    """Return this process's next operation number.
+def next_sequence(processes: Sequence[int] | None = None) -> int:
+    """Return this process's next operation number among ``processes`` (None: all).
 
     Every process numbers its collective operations the same way as long as all of
     them issue the same operations in the same order, which nbckpt requires anyway;
-    the number keys the agreement on an operation's id.
+    the number keys the agreement on an operation's id. Operations among a subset of
+    processes are numbered apart, so that processes outside the subset stay in step.
     """
+    scope = None if processes is None else tuple(sorted(processes))
     with _sequence_lock:
-        return next(_sequence)
+        counter = _sequences.setdefault(scope, itertools.count())
+        return next(counter)
 
 
 def _missing(expected: Sequence[int], arrived: dict[str, str]) -> list[int]:

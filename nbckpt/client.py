@@ -1,0 +1,374 @@
+"""The notebook-side API that the magics call: save, restore, barrier, wait, status, ls.
+
+Every call runs on all engines of a :class:`~nbckpt.cluster.JaxCluster`. ``save``
+returns a :class:`SaveHandle` as soon as the engines have taken their snapshot; the
+commit goes on in the engines' background threads, and the handle follows it through
+the journal. Nothing here imports jax.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nbckpt.cluster import ClusterError, JaxCluster
+from nbckpt.journal import OperationRecord, read_operation
+from nbckpt.layout import TMP_SUFFIX, Mode, all_steps, parse_step
+
+__all__ = ["BarrierReport", "CheckpointClient", "SaveFailedError", "SaveHandle", "list_steps"]
+
+
+class SaveFailedError(ClusterError):
+    """A save failed on one or more processes; nothing was committed for its step."""
+
+
+def _call_key() -> str:
+    """A fresh id for one collective call, sent to every engine.
+
+    Engines match the parts of one call by this id rather than by counting calls,
+    so a call that failed on only some engines cannot put them out of step.
+    """
+    return uuid.uuid4().hex[:16]
+
+
+def _interactive(fn: Any) -> Any:
+    """Mark ``fn`` so that, on an engine, its globals are the engine's namespace."""
+    import ipyparallel as ipp
+
+    return ipp.interactive(fn)
+
+
+def _engine_save(
+    var: str,
+    step: int,
+    root: str,
+    mode: Mode,
+    force: bool,
+    timeout_s: float,
+    acknowledged: tuple[str, ...],
+    key: str,
+) -> dict[str, Any]:
+    ns = globals()
+    if var not in ns:
+        raise NameError(f"name {var!r} is not defined on this engine; build it with %%px first")
+    from nbckpt.engine import agent
+
+    return agent.save(
+        ns[var],
+        step,
+        root,
+        mode=mode,
+        force=force,
+        timeout_s=timeout_s,
+        acknowledged=acknowledged,
+        key=key,
+    )
+
+
+def _engine_restore(var: str, root: str, step: int | None, key: str) -> dict[str, Any]:
+    ns = globals()
+    from nbckpt.engine import agent
+
+    tree, info = agent.restore(root, step, ns.get(var), key=key)
+    ns[var] = tree
+    return info
+
+
+@dataclass
+class SaveHandle:
+    """A save running on the engines. Its journal is the source of truth.
+
+    Attributes
+    ----------
+    op
+        The operation id (``<root>/.nbckpt/ops/<op>``).
+    step, root
+        What is being saved where.
+    blocked_s
+        Per process, how long ``save`` blocked the engine (the snapshot).
+    """
+
+    op: str
+    step: int
+    root: str
+    blocked_s: list[float]
+    client: CheckpointClient = field(repr=False)
+
+    def record(self) -> OperationRecord:
+        """The merged journal of this save, as it stands now."""
+        return read_operation(self.root, self.op)
+
+    def status(self) -> str:
+        """``"running"``, ``"committed"`` or ``"failed"``."""
+        return self.record().status
+
+    def done(self) -> bool:
+        """Tell whether the save has committed or failed."""
+        return self.status() != "running"
+
+    def wait(self, timeout_s: float | None = None, poll_s: float = 0.05) -> OperationRecord:
+        """Wait until the save commits; return its journal record.
+
+        Raises
+        ------
+        SaveFailedError
+            If it failed; the message names the processes and their errors.
+        TimeoutError
+            If ``timeout_s`` passes first (the save goes on).
+        """
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            rec = self.record()
+            if rec.status == "failed":
+                self.client._acknowledge(self.op)
+                raise _failure(rec)
+            if rec.status != "running":
+                return rec
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"step {self.step} ({self.op}) is still running after {timeout_s:g} s; "
+                    "%ckpt_status shows where each process is"
+                )
+            time.sleep(poll_s)
+
+    def __repr__(self) -> str:
+        return f"<SaveHandle step {self.step} -> {self.root} ({self.op}): {self.status()}>"
+
+
+def _failure(rec: OperationRecord) -> SaveFailedError:
+    failed = {p: r.error or "failed" for p, r in rec.processes.items() if r.status == "failed"}
+    first = min(failed)
+    who = (
+        "process " + str(first)
+        if len(failed) == 1
+        else "processes " + ", ".join(str(p) for p in sorted(failed))
+    )
+    return SaveFailedError(
+        f"save of step {rec.step} ({rec.op}) failed on {who}: {failed[first]}; nothing was "
+        "committed for this step",
+        sorted(failed),
+    )
+
+
+@dataclass
+class BarrierReport:
+    """When each process arrived at and left a barrier (wall times)."""
+
+    name: str
+    key: str
+    entered: dict[int, float]
+    left: dict[int, float]
+
+    def table(self) -> str:
+        """A text table: per process, arrival and release relative to the first arrival."""
+        t0 = min(self.entered.values())
+        lines = [
+            f"barrier {self.name!r} (key nbckpt/{self.key})",
+            "process  arrived (ms)  left (ms)  waited (ms)",
+        ]
+        for p in sorted(self.entered):
+            a, b = self.entered[p] - t0, self.left[p] - t0
+            lines.append(f"{p:>7}  {a * 1e3:>12.1f}  {b * 1e3:>9.1f}  {(b - a) * 1e3:>11.1f}")
+        return "\n".join(lines)
+
+
+class CheckpointClient:
+    """Drive checkpoints on every engine of a cluster from the notebook.
+
+    Parameters
+    ----------
+    cluster
+        A started or attached :class:`~nbckpt.cluster.JaxCluster`.
+    directory
+        Default checkpoint root for calls that do not name one.
+    """
+
+    def __init__(
+        self, cluster: JaxCluster, directory: str | os.PathLike[str] | None = None
+    ) -> None:
+        self.cluster = cluster
+        self.directory = None if directory is None else os.path.abspath(directory)
+        self.handles: list[SaveHandle] = []
+        self._acknowledged: set[str] = set()
+
+    def _acknowledge(self, op: str) -> None:
+        self._acknowledged.add(op)
+
+    def root(self, directory: str | os.PathLike[str] | None = None) -> str:
+        """Return the checkpoint root to use: ``directory``, or the default one.
+
+        Raises
+        ------
+        ValueError
+            If neither is set.
+        """
+        if directory is not None:
+            return os.path.abspath(directory)
+        if self.directory is None:
+            raise ValueError(
+                "no checkpoint directory: pass --dir, or start the cluster with --dir D"
+            )
+        return self.directory
+
+    def save(
+        self,
+        var: str,
+        step: int,
+        *,
+        directory: str | os.PathLike[str] | None = None,
+        mode: Mode = "rename",
+        force: bool = False,
+        timeout_s: float = 300.0,
+    ) -> SaveHandle:
+        """Start saving the engines' variable ``var`` as ``step``; return at once.
+
+        Raises
+        ------
+        ClusterError
+            If an engine refused (unknown variable, existing step, unwritable root,
+            unsupported leaf, or the previous save's failure); it names the processes.
+        """
+        root = self.root(directory)
+        acknowledged = tuple(sorted(self._acknowledged))
+        # The engines' own deadline (timeout_s) bounds their blocking part; the margin
+        # lets their error, rather than a client timeout, come back.
+        results = self.cluster.apply(
+            _interactive(_engine_save),
+            var,
+            step,
+            root,
+            mode,
+            force,
+            timeout_s,
+            acknowledged,
+            _call_key(),
+            what=f"save of {var!r} as step {step}",
+            timeout_s=timeout_s + 60,
+        )
+        handle = SaveHandle(
+            op=results[0]["op"],
+            step=step,
+            root=root,
+            blocked_s=[r["blocked_s"] for r in results],
+            client=self,
+        )
+        self.handles.append(handle)
+        return handle
+
+    def pending(self) -> list[SaveHandle]:
+        """The saves that have not committed or failed yet."""
+        return [h for h in self.handles if not h.done()]
+
+    def wait(self, timeout_s: float | None = None) -> list[OperationRecord]:
+        """Wait for every save in flight; return their records.
+
+        Raises
+        ------
+        SaveFailedError
+            For the first save that failed (after waiting for all of them).
+        """
+        records, first_error = [], None
+        for handle in self.pending():
+            try:
+                records.append(handle.wait(timeout_s))
+            except SaveFailedError as e:
+                first_error = first_error or e
+        if first_error is not None:
+            raise first_error
+        return records
+
+    def restore(
+        self, var: str, step: int | None = None, *, directory: str | os.PathLike[str] | None = None
+    ) -> list[dict[str, Any]]:
+        """Restore ``step`` (None: latest) into the engines' variable ``var``.
+
+        If ``var`` already holds a tree on the engines, its jax arrays' shardings (the
+        current mesh) are the target; otherwise the saved layout is used.
+        """
+        root = self.root(directory)
+        # A large restore may take long; the engines' barriers carry the deadlines.
+        return self.cluster.apply(
+            _interactive(_engine_restore),
+            var,
+            root,
+            step,
+            _call_key(),
+            what=f"restore of {var!r}",
+            timeout_s=None,
+        )
+
+    def barrier(
+        self, name: str, *, timeout_s: float = 60.0, processes: list[int] | None = None
+    ) -> BarrierReport:
+        """Wait at a coordination-service barrier on the engines; report the timings."""
+        from nbckpt.engine import agent
+
+        n = len(self.cluster.engine_ids)
+        if processes is not None:
+            bad = [p for p in processes if not 0 <= p < n]
+            if bad:
+                raise ValueError(f"no process {bad[0]}: this cluster has processes 0..{n - 1}")
+            targets = [self.cluster.engine_ids[p] for p in processes]
+        else:
+            targets = self.cluster.engine_ids
+        import ipyparallel as ipp
+
+        view = self.cluster.client.direct_view(targets=targets)
+        try:
+            results = view.apply_async(
+                agent.barrier,
+                name,
+                timeout_s=timeout_s,
+                processes=processes,
+                root=self.directory,
+                key=_call_key(),
+            ).get(timeout=timeout_s + 30)
+        except (ipp.error.RemoteError, ipp.error.CompositeError) as e:
+            from nbckpt.cluster import engine_errors
+
+            raise engine_errors(e, self.cluster.ranks, f"barrier {name!r}") from None
+        return BarrierReport(
+            name=name,
+            key=results[0]["key"],
+            entered={r["process"]: r["entered"] for r in results},
+            left={r["process"]: r["left"] for r in results},
+        )
+
+    def status(self) -> dict[str, Any]:
+        """The engines' reports and the saves this notebook started."""
+        return {
+            "engines": self.cluster.status(),
+            "saves": [
+                {"op": h.op, "step": h.step, "root": h.root, "status": h.status()}
+                for h in self.handles
+            ],
+            "directory": self.directory,
+        }
+
+    def ls(self, directory: str | os.PathLike[str] | None = None) -> list[dict[str, Any]]:
+        """The steps under a root (default: this client's directory); see :func:`list_steps`."""
+        return list_steps(self.root(directory))
+
+
+def list_steps(root: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """List a root's complete steps and its temporary (incomplete) directories.
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``root`` is not a directory.
+    """
+    path = Path(root).absolute()
+    if not path.is_dir():
+        raise FileNotFoundError(f"no directory {path}; check the path, or save there first")
+    rows = [{"step": s, "state": "complete", "path": str(path / str(s))} for s in all_steps(path)]
+    for entry in sorted(path.iterdir()):
+        if entry.name.endswith(TMP_SUFFIX):
+            step = parse_step(entry.name.removesuffix(TMP_SUFFIX))
+            if step is not None:
+                rows.append({"step": step, "state": "incomplete", "path": str(entry)})
+    return sorted(rows, key=lambda r: (r["step"], r["state"]))

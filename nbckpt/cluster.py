@@ -1,0 +1,291 @@
+"""Start, attach to and stop an ipyparallel cluster whose engines form one JAX job.
+
+Every engine is one JAX process. Its rank is its position among the engine ids, and
+process 0 hosts the coordination service. The notebook never imports jax: everything
+JAX runs on the engines through ``nbckpt.engine.agent``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from nbckpt.errors import NbckptError
+
+__all__ = ["ClusterError", "JaxCluster", "engine_errors"]
+
+
+class ClusterError(NbckptError):
+    """Something went wrong on one or more engines; the message names the processes."""
+
+    def __init__(self, message: str, processes: list[int] | None = None) -> None:
+        self.processes = processes or []
+        super().__init__(message)
+
+
+def _short(text: str) -> str:
+    lines = [ln for ln in str(text).strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else str(text)
+
+
+def engine_errors(exc: BaseException, ranks: dict[int, int], what: str) -> ClusterError:
+    """Turn an ipyparallel error into one :class:`ClusterError` that names processes.
+
+    Parameters
+    ----------
+    exc
+        A ``CompositeError``, ``RemoteError`` or ``EngineError`` from ipyparallel.
+    ranks
+        Engine id -> JAX process index.
+    what
+        What was being done, for the message (``"save"``, ``"barrier"``, ...).
+    """
+    import ipyparallel as ipp
+
+    by_text: dict[str, list[int]] = {}
+    if isinstance(exc, ipp.error.CompositeError):
+        items = [(e[3].get("engine_id"), f"{e[0]}: {_short(e[1])}") for e in exc.elist]
+    elif isinstance(exc, ipp.error.RemoteError):
+        eid = (getattr(exc, "engine_info", None) or {}).get("engine_id")
+        items = [(eid, f"{exc.ename}: {_short(exc.evalue)}")]
+    else:
+        items = [(None, f"{type(exc).__name__}: {_short(str(exc))}")]
+    for eid, text in items:
+        if "died while running" in text:
+            text = "EngineError: the engine died (its process exited)"
+        rank = ranks.get(eid, -1) if eid is not None else -1
+        by_text.setdefault(text, []).append(rank)
+    parts = []
+    procs: list[int] = []
+    for text, rs in by_text.items():
+        known = sorted(r for r in rs if r >= 0)
+        procs.extend(known)
+        who = (
+            "process " + str(known[0])
+            if len(known) == 1
+            else "processes " + ", ".join(map(str, known))
+            if known
+            else "an engine"
+        )
+        parts.append(f"{who}: {text}")
+    return ClusterError(f"{what} failed on " + "; ".join(parts), sorted(set(procs)))
+
+
+@dataclass
+class JaxCluster:
+    """An ipyparallel cluster whose engines are joined by ``jax.distributed``.
+
+    Parameters
+    ----------
+    n
+        Number of engines (JAX processes) to start.
+    devices_per_process
+        CPU devices per process (``jax_num_cpu_devices``).
+    coordinator_host
+        Address process 0's coordination service binds to and every engine dials;
+        127.0.0.1 for a cluster on this machine, the host's address for real hosts.
+    recoverable
+        Keep survivors alive when a process dies (``jax_enable_recoverability``).
+    profile
+        ipyparallel profile (where its connection files live).
+    """
+
+    n: int = 4
+    devices_per_process: int = 1
+    coordinator_host: str = "127.0.0.1"
+    recoverable: bool = True
+    profile: str | None = None
+    cluster: Any = None
+    client: Any = None
+    engine_ids: list[int] = field(default_factory=list)
+    coordinator: str | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def ranks(self) -> dict[int, int]:
+        """Engine id -> JAX process index."""
+        return {eid: i for i, eid in enumerate(self.engine_ids)}
+
+    @property
+    def view(self) -> Any:
+        """A blocking-off DirectView on every engine, in rank order."""
+        return self.client.direct_view(targets=self.engine_ids)
+
+    def start(self, timeout_s: float = 120.0) -> JaxCluster:
+        """Start the controller and ``n`` engines, then join them into one JAX job.
+
+        The controller listens on 127.0.0.1 with a 0.5 s heartbeat, so engines register
+        in about 3 s instead of about 7.
+        """
+        import ipyparallel as ipp
+
+        if self.n < 1:
+            raise ValueError(f"a cluster needs at least one engine, got n={self.n}")
+        t0 = time.perf_counter()
+        kwargs: dict[str, Any] = {
+            "n": self.n,
+            "controller_ip": "127.0.0.1",
+            "controller_args": ["--HeartMonitor.period=500"],
+            "log_level": 40,
+        }
+        if self.profile:
+            kwargs["profile"] = self.profile
+        self.cluster = ipp.Cluster(**kwargs)
+        try:
+            self.client = self.cluster.start_and_connect_sync()
+            self.client.wait_for_engines(self.n, timeout=timeout_s)
+            self.timings["engines_s"] = time.perf_counter() - t0
+            self._join(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        self.timings["ready_s"] = time.perf_counter() - t0
+        return self
+
+    @classmethod
+    def attach(
+        cls,
+        *,
+        profile: str | None = None,
+        cluster_id: str | None = None,
+        devices_per_process: int = 1,
+        coordinator_host: str = "127.0.0.1",
+        timeout_s: float = 120.0,
+    ) -> JaxCluster:
+        """Connect to a running ipyparallel cluster; join its engines if not done yet.
+
+        Engines that already run JAX must have been joined by nbckpt (or by your own
+        ``jax.distributed.initialize`` with ranks in engine-id order).
+        """
+        import ipyparallel as ipp
+
+        client = ipp.Client(profile=profile, cluster_id=cluster_id or None, timeout=timeout_s)
+        self = cls(
+            n=len(client.ids),
+            devices_per_process=devices_per_process,
+            coordinator_host=coordinator_host,
+            profile=profile,
+            client=client,
+        )
+        if self.n == 0:
+            raise ClusterError("the ipyparallel cluster has no engines; start some first")
+        self.engine_ids = sorted(client.ids)
+        states = self.apply(_safe_info, what="probe", timeout_s=timeout_s)
+        if not any(s is not None and s.get("initialized") for s in states):
+            self._join(timeout_s)
+        return self
+
+    def apply(
+        self, fn: Any, *args: Any, what: str, timeout_s: float | None = 120.0, **kwargs: Any
+    ) -> list[Any]:
+        """Run ``fn(*args, **kwargs)`` on every engine and return results in rank order.
+
+        Raises
+        ------
+        ClusterError
+            If it raised on any engine (the message names the processes), or the
+            engines did not answer within ``timeout_s``.
+        """
+        import ipyparallel as ipp
+
+        try:
+            return list(self.view.apply_async(fn, *args, **kwargs).get(timeout=timeout_s))
+        except (ipp.error.RemoteError, ipp.error.CompositeError, ipp.error.EngineError) as e:
+            raise engine_errors(e, self.ranks, what) from None
+        except ipp.error.TimeoutError:
+            raise ClusterError(
+                f"{what}: no answer from the engines within {timeout_s:g} s; "
+                "check %ckpt_cluster status"
+            ) from None
+
+    def _join(self, timeout_s: float) -> None:
+        """Run ``jax.distributed.initialize`` on every engine at once."""
+        import ipyparallel as ipp
+
+        from nbckpt.engine import agent
+
+        self.engine_ids = sorted(self.client.ids)[: self.n]
+        t0 = time.perf_counter()
+        first = self.client[self.engine_ids[0]]
+        port = first.apply_sync(agent.pick_port, self.coordinator_host)
+        self.coordinator = f"{self.coordinator_host}:{port}"
+        pending = [
+            self.client[eid].apply_async(
+                agent.initialize,
+                rank,
+                len(self.engine_ids),
+                self.coordinator,
+                devices_per_process=self.devices_per_process,
+                bind_address=self.coordinator,
+                recoverable=self.recoverable,
+                timeout_s=int(timeout_s),
+            )
+            for rank, eid in enumerate(self.engine_ids)
+        ]
+        errors: dict[int, str] = {}
+        for rank, ar in enumerate(pending):
+            try:
+                ar.get(timeout=timeout_s)
+            except ipp.error.RemoteError as e:
+                errors[rank] = f"{e.ename}: {_short(e.evalue)}"
+            except ipp.error.TimeoutError:
+                errors[rank] = f"no answer within {timeout_s:g} s"
+        if errors:
+            detail = "; ".join(f"process {r}: {t}" for r, t in sorted(errors.items()))
+            raise ClusterError(
+                f"jax.distributed.initialize failed ({detail}); a JAX process cannot be "
+                "joined twice, so stop this cluster and start a fresh one",
+                sorted(errors),
+            )
+        self.timings["jax_init_s"] = time.perf_counter() - t0
+
+    def status(self) -> list[dict[str, Any]]:
+        """Each engine's report (process, devices, host, checkpointers), in rank order."""
+        from nbckpt.engine import agent
+
+        return self.apply(agent.status, what="status", timeout_s=30)
+
+    def stop(self, timeout_s: float = 10.0) -> float:
+        """Leave the JAX job on every engine, then stop engines and controller.
+
+        Returns
+        -------
+        float
+            Seconds it took.
+        """
+        t0 = time.perf_counter()
+        # Teardown goes on whatever state the engines are in: each step is best effort.
+        if self.client is not None and self.engine_ids:
+            from nbckpt.engine import agent
+
+            # Engines may exit as the coordination service goes away; that is the end
+            # we want, so their answers are not awaited past a short grace.
+            with contextlib.suppress(Exception):
+                self.view.apply_async(agent.shutdown).wait(timeout=min(3.0, timeout_s))
+        if self.cluster is not None:
+            with contextlib.suppress(Exception):
+                self.cluster.stop_cluster_sync()
+        elif self.client is not None:
+            with contextlib.suppress(Exception):
+                self.client.shutdown(targets="all", hub=False, block=False)
+        if self.client is not None:
+            with contextlib.suppress(Exception):
+                self.client.close()
+        self.client = None
+        self.cluster = None
+        self.engine_ids = []
+        self.timings["stop_s"] = time.perf_counter() - t0
+        return self.timings["stop_s"]
+
+
+def _safe_info() -> dict[str, Any] | None:
+    """Engine-side: report nbckpt's view of this engine without starting JAX."""
+    import sys
+
+    if "jax" not in sys.modules:
+        return {"initialized": False}
+    from nbckpt.engine import agent
+
+    return agent.info()

@@ -1,0 +1,188 @@
+"""The magics in a real IPython shell, over a real ipyparallel cluster of JAX engines."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+
+from nbckpt.client import SaveFailedError
+from nbckpt.cluster import ClusterError
+from nbckpt.magics import NbckptMagics
+
+BUILD = """
+import jax, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+mesh = Mesh(np.array(jax.devices()), ("data",))
+full = np.arange(32 * 4, dtype=np.float32).reshape(32, 4)
+state = {"w": jax.make_array_from_callback((32, 4), NamedSharding(mesh, P("data")),
+                                           lambda idx: full[idx]),
+         "host": np.arange(3), "lr": 0.5}
+only_on_1 = state if jax.process_index() == 1 else None
+if jax.process_index() != 1:
+    del only_on_1
+"""
+
+CHECK = """
+ok = all(np.array_equal(a.data, b.data) and a.index == b.index
+         for a, b in zip(restored["w"].addressable_shards, state["w"].addressable_shards))
+ok = ok and np.array_equal(restored["host"], state["host"]) and restored["lr"] == 0.5
+"""
+
+
+@pytest.fixture(scope="module")
+def ip():
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "nbckpt")
+    return shell
+
+
+@pytest.fixture(scope="module")
+def cluster(ip, tmp_path_factory):
+    root = tmp_path_factory.mktemp("magics")
+    ip.run_line_magic("ckpt_cluster", f"start -n 2 --devices-per-process 2 --dir {root}")
+    magics = ip.magics_manager.registry["NbckptMagics"]
+    yield {"root": root, "magics": magics}
+    if magics.cluster is not None:
+        magics.cluster.stop()
+
+
+def _engines(magics, expr):
+    return magics.cluster.view.apply_sync(_eval, expr)
+
+
+def _eval(expr):  # runs on the engines
+    import ipyparallel
+
+    return ipyparallel.interactive(lambda e: eval(e, globals()))(expr)
+
+
+def test_magic_before_any_cluster_says_how_to_start(ip):
+    magics = NbckptMagics(ip)
+    for call, line in [
+        (magics.ckpt_save, "state --step 1"),
+        (magics.ckpt_wait, ""),
+        (magics.ckpt_barrier, "b"),
+        (magics.ckpt_restore, "x"),
+        (magics.ckpt_status, ""),
+        (magics.ckpt_cluster, "stop"),
+    ]:
+        with pytest.raises(UsageError, match=r"%ckpt_cluster start"):
+            call(line)
+
+
+@pytest.mark.parametrize(
+    "magic,line,message",
+    [
+        ("ckpt_save", "state", "--step"),
+        ("ckpt_save", "state --step x", "whole number"),
+        ("ckpt_save", "state --step -3", "0 or more"),
+        ("ckpt_save", "state --step 1 --mode copy", "invalid choice"),
+        ("ckpt_save", "state --step 1 --timeout 0", "positive"),
+        ("ckpt_barrier", "b --processes a,b", "indices like 0,2"),
+        ("ckpt_cluster", "explode", "invalid choice"),
+        ("ckpt_restore", "", "arguments"),
+        ("ckpt_wait", "now", "no arguments"),
+    ],
+)
+def test_bad_arguments_give_usage_errors(ip, magic, line, message):
+    with pytest.raises(UsageError, match=message):
+        ip.run_line_magic(magic, line)
+
+
+def test_help_comes_from_the_code(ip):
+    doc = ip.find_line_magic("ckpt_save").__doc__
+    assert "--mode {rename,commit_file}" in doc and "--force" in doc and "--wait" in doc
+    assert "--processes" in ip.find_line_magic("ckpt_barrier").__doc__
+
+
+def test_cluster_save_barrier_restore_status_ls_stop(ip, cluster, capsys):
+    magics, root = cluster["magics"], cluster["root"]
+    out = capsys.readouterr().out
+    ip.run_line_magic("ckpt_cluster", "status")
+    out = capsys.readouterr().out
+    assert "process 0: 2 of 4 devices" in out and "process 1: 2 of 4 devices" in out
+
+    ip.run_cell_magic("px", "", BUILD)
+    handle = ip.run_line_magic("ckpt_save", "state --step 1")
+    assert handle is not None and handle.step == 1 and len(handle.blocked_s) == 2
+    ip.run_line_magic("ckpt_wait", "")
+    assert handle.status() == "committed"
+    assert "step 1 committed" in capsys.readouterr().out
+
+    ip.run_line_magic("ckpt_save", "state --step 2 --mode commit_file --wait")
+    assert (root / "2" / "commit_success.txt").is_file()
+
+    ip.run_line_magic("ckpt_barrier", "sync --processes 0,1")
+    table = capsys.readouterr().out
+    assert re.search(r"^\s+0\s+\d", table, re.M) and re.search(r"^\s+1\s+\d", table, re.M)
+
+    ip.run_line_magic("ckpt_restore", "restored --step 1")
+    assert "restored step 1 into 'restored' on 2 processes" in capsys.readouterr().out
+    ip.run_cell_magic("px", "", CHECK)
+    assert _engines(magics, "ok") == [True, True]
+
+    # Restoring into a variable that exists lays it out like that variable.
+    ip.run_line_magic("ckpt_restore", "restored")
+    assert "restored step 2" in capsys.readouterr().out
+
+    ip.run_line_magic("ckpt_status", "")
+    status = capsys.readouterr().out
+    assert "process 1:" in status and "step 2 ->" in status and "committed" in status
+
+    ip.run_line_magic("ckpt_ls", "")
+    listing = capsys.readouterr().out
+    assert re.search(r"^\s+1\s+complete", listing, re.M)
+    assert re.search(r"^\s+2\s+complete", listing, re.M)
+    with pytest.raises(UsageError, match="no directory"):
+        ip.run_line_magic("ckpt_ls", str(root / "nope"))
+
+
+def test_engine_errors_name_the_processes(ip, cluster):
+    with pytest.raises(ClusterError, match=r"processes 0, 1: StepExistsError: step already"):
+        ip.run_line_magic("ckpt_save", "state --step 1")
+    with pytest.raises(ClusterError, match=r"processes 0, 1: NameError: name 'nope'"):
+        ip.run_line_magic("ckpt_save", "nope --step 9")
+    # Defined on process 1 only: process 0 fails, process 1 times out waiting for it.
+    with pytest.raises(ClusterError) as info:
+        ip.run_line_magic("ckpt_save", "only_on_1 --step 9 --timeout 2")
+    msg = str(info.value)
+    assert "process 0: NameError" in msg and "process 0 did not arrive" in msg
+    assert info.value.processes == [0, 1]
+
+
+def test_a_failed_background_save_is_reported_once(ip, cluster):
+    magics = cluster["magics"]
+    magics.cluster.view.apply_sync(_fail_next_write)
+    handle = ip.run_line_magic("ckpt_save", "state --step 5")
+    with pytest.raises(SaveFailedError, match=r"failed on processes 0, 1: .*disk on fire"):
+        handle.wait(timeout_s=60)
+    magics.cluster.view.apply_sync(_clear_hooks)
+    # The engines do not raise the same error again on the next save.
+    ip.run_line_magic("ckpt_save", "state --step 5 --wait")
+    assert (Path(cluster["root"]) / "5").is_dir()
+
+
+def _fail_next_write():
+    from nbckpt.engine import hooks
+
+    def boom(_phase):
+        raise OSError("disk on fire")
+
+    hooks.set_hook("write", boom)
+
+
+def _clear_hooks():
+    from nbckpt.engine import hooks
+
+    hooks.clear_hooks()
+
+
+def test_stop_then_magics_say_how_to_start(ip, cluster, capsys):
+    ip.run_line_magic("ckpt_cluster", "stop")
+    assert "cluster stopped in" in capsys.readouterr().out
+    with pytest.raises(UsageError, match="%ckpt_cluster start"):
+        ip.run_line_magic("ckpt_status", "")
