@@ -12,6 +12,7 @@ __all__ = [
     "BarrierTimeoutError",
     "CheckpointError",
     "NbckptError",
+    "PeerDeadError",
     "PeerFailedError",
     "RootNotWritableError",
     "StepExistsError",
@@ -70,6 +71,30 @@ class PeerFailedError(NbckptError):
         self.process = process
         self.reason = reason
         super().__init__(f"process {process} failed: {reason}")
+
+
+class PeerDeadError(NbckptError):
+    """A process of the job stopped sending heartbeats: it is dead.
+
+    Parameters
+    ----------
+    processes
+        The dead processes.
+    phase
+        What this process was waiting on when it noticed.
+    silent_s
+        How long the first of them has been silent, in seconds.
+    """
+
+    def __init__(self, processes: Iterable[int], phase: str, silent_s: float) -> None:
+        self.processes = sorted(processes)
+        self.phase = phase
+        self.silent_s = silent_s
+        super().__init__(
+            f"{_names(self.processes)} died (no heartbeat for {silent_s:.1f} s) during "
+            f"{phase}; nothing was committed by this operation: restart the cluster and "
+            "restore the latest complete step"
+        )
 
 
 class CheckpointError(NbckptError):

@@ -213,3 +213,31 @@ def stall_everywhere(phase: str, seconds: float) -> None:
 
 def clear_hooks() -> None:
     hooks.clear_hooks()
+
+
+def arm_fault(process: int, kind: str, **kwargs: Any) -> str | None:
+    """Arm a fault on ``process`` only."""
+    from nbckpt.engine import faults
+
+    faults.clear()
+    if jax.process_index() != process:
+        return None
+    if kind == "kill":
+        return faults.kill(kwargs.get("at"))
+    if kind == "stall":
+        return faults.stall(kwargs["at"], kwargs["seconds"])
+    if kind == "fail-io":
+        return faults.fail_io(kwargs.get("at", "write"))
+    return faults.slow_io(kwargs["factor"])
+
+
+def save_and_time_failure(root: str, step: int, **options: Any) -> dict[str, Any]:
+    """Save and wait; return how it ended and when (wall time), never raise."""
+    state = make_state(step)
+    ckptr = checkpointer(root, **options)
+    try:
+        ckptr.save(step, state)
+        ckptr.wait_until_finished()
+    except NbckptError as e:
+        return {"error": str(e), "t": time.time(), "type": type(e).__name__}
+    return {"error": None, "t": time.time()}

@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from nbckpt.engine import hooks
+from nbckpt.engine import health, hooks
 from nbckpt.engine import restore as _restore
 from nbckpt.engine.snapshot import Snapshot, take_snapshot
 from nbckpt.engine.sync import SignalingClient, Synchronizer, default_client, next_sequence
@@ -22,6 +22,7 @@ from nbckpt.engine.writer import create_arrays, write_shards
 from nbckpt.errors import (
     CheckpointError,
     NbckptError,
+    PeerDeadError,
     PeerFailedError,
     RootNotWritableError,
     StepExistsError,
@@ -142,7 +143,9 @@ class AsyncCheckpointer:
         self.options = CheckpointerOptions(
             mode=mode, primary=primary, timeout_s=timeout_s, max_to_keep=max_to_keep
         )
-        self._sync = Synchronizer(client if client is not None else default_client())
+        kv = client if client is not None else default_client()
+        self._health = health.monitor_for(kv)
+        self._sync = Synchronizer(kv, health=self._health.check)
         n = self._sync.process_count
         if not 0 <= primary < n:
             raise ValueError(f"primary must be a process index in 0..{n - 1}, got {primary}")
@@ -406,8 +409,17 @@ class AsyncCheckpointer:
             journal.emit("tmp_ready")
             enter("write")
             journal.emit("write_started", bytes=snap.nbytes)
+
+            def watch() -> None:
+                # A long write still gives up soon after a peer dies or fails.
+                self._health.check("write")
+                self._sync.check_failures(op)
+
             written = write_shards(
-                work, snap, progress=lambda b: journal.emit("write_progress", bytes=b)
+                work,
+                snap,
+                progress=lambda b: journal.emit("write_progress", bytes=b),
+                watch=watch,
             )
             journal.emit("write_done", bytes=written)
             enter("barrier:write_complete")
@@ -425,7 +437,7 @@ class AsyncCheckpointer:
                 self._apply_retention(self.options.max_to_keep)
         except BaseException as e:
             reason = str(e) if isinstance(e, NbckptError) else f"{type(e).__name__}: {e}"
-            if not isinstance(e, PeerFailedError):
+            if not isinstance(e, PeerFailedError | PeerDeadError):
                 self._sync.signal_failure(op, f"{reason} (during {phase})")
             journal.emit("failed", error=reason, phase=phase)
             with self._lock:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-__all__ = ["PHASES", "clear_hooks", "fire", "set_hook"]
+__all__ = ["PHASES", "clear_hooks", "fire", "io_slowdown", "set_hook", "set_io_slowdown"]
 
 PHASES = (
     "snapshot",
@@ -26,6 +26,7 @@ PHASES = (
 
 _hooks: dict[str, Callable[[str], None]] = {}
 _lock = threading.Lock()
+_io_slowdown = 1.0
 
 
 def set_hook(phase: str, fn: Callable[[str], None]) -> None:
@@ -37,9 +38,22 @@ def set_hook(phase: str, fn: Callable[[str], None]) -> None:
 
 
 def clear_hooks() -> None:
-    """Remove every hook of this process."""
+    """Remove every hook of this process, and any I/O slowdown."""
+    global _io_slowdown
     with _lock:
         _hooks.clear()
+        _io_slowdown = 1.0
+
+
+def set_io_slowdown(factor: float) -> None:
+    """Make the writer take ``factor`` times as long per chunk (1: full speed)."""
+    global _io_slowdown
+    _io_slowdown = max(1.0, float(factor))
+
+
+def io_slowdown() -> float:
+    """The writer's current slowdown factor."""
+    return _io_slowdown
 
 
 def fire(phase: str) -> None:

@@ -219,24 +219,22 @@ class InProcessClient:
 
 
 _default_lock = threading.Lock()
-_default_inprocess: InProcessClient | None = None
+_default: SignalingClient | None = None
 
 
 def default_client() -> SignalingClient:
-    """Return this process's key-value client.
+    """Return this process's key-value client (one per process).
 
-    The coordination service when jax runs several processes, otherwise one
-    in-process client shared by the whole process.
+    The coordination service when jax runs several processes, otherwise an
+    in-process client.
     """
     import jax
 
-    global _default_inprocess
-    if jax.process_count() > 1:
-        return CoordinationServiceClient()
+    global _default
     with _default_lock:
-        if _default_inprocess is None:
-            _default_inprocess = InProcessClient()
-        return _default_inprocess
+        if _default is None:
+            _default = CoordinationServiceClient() if jax.process_count() > 1 else InProcessClient()
+        return _default
 
 
 _sequences: dict[tuple[int, ...] | None, itertools.count[int]] = {}
@@ -300,6 +298,7 @@ class Synchronizer:
 
     def signal_failure(self, op: str, reason: str) -> None:
         """Tell the other processes of ``op`` that this one failed (best effort)."""
+        # The service may be gone too; the caller's own error is what gets raised.
         with contextlib.suppress(Exception):
             self.client.key_value_set(f"{PREFIX}/{op}/failed/{self.process_index}", reason)
 
@@ -410,5 +409,6 @@ class Synchronizer:
 
     def cleanup(self, op: str) -> None:
         """Delete every key of ``op`` (call only once every process is past it)."""
+        # Leftover keys only cost the service a little memory.
         with contextlib.suppress(Exception):
             self.client.key_value_delete(f"{PREFIX}/{op}")

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from nbckpt.engine import hooks
 from nbckpt.engine.snapshot import Snapshot
 from nbckpt.engine.storage import create_array, open_array
 
@@ -68,12 +69,16 @@ def write_shards(
     snap: Snapshot,
     progress: Callable[[int], None] | None = None,
     progress_interval_s: float = 0.2,
+    watch: Callable[[], None] | None = None,
+    watch_interval_s: float = 0.5,
 ) -> int:
     """Write this process's shards into the arrays under ``directory``.
 
     All chunk writes are issued at once so tensorstore overlaps them; each completes
     only once its file is fsync'd. ``progress`` receives the bytes committed so far, at
-    most every ``progress_interval_s`` seconds and once at the end.
+    most every ``progress_interval_s`` seconds and once at the end. ``watch`` runs
+    every ``watch_interval_s`` seconds while writes are pending; it raises to abort
+    (a dead or failed peer).
 
     Returns
     -------
@@ -96,8 +101,19 @@ def write_shards(
             pending.append((fut, math.prod(part.shape) * itemsize))
     written = 0
     last = time.monotonic()
+    t_prev = time.monotonic()
     for fut, nbytes in pending:
+        while watch is not None and not fut.done():
+            watch()
+            try:
+                fut.result(timeout=watch_interval_s)
+            except TimeoutError:
+                continue
         fut.result()
+        slowdown = hooks.io_slowdown()
+        if slowdown > 1:  # fault injection: stretch the time since the last chunk
+            time.sleep((slowdown - 1) * (time.monotonic() - t_prev))
+        t_prev = time.monotonic()
         written += nbytes
         now = time.monotonic()
         if progress is not None and now - last >= progress_interval_s:

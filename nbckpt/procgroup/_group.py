@@ -30,10 +30,15 @@ class RemoteError(RuntimeError):
     ----------
     errors
         For each failing process index, the worker's formatted traceback.
+    partial
+        The results of the processes that did not fail.
     """
 
-    def __init__(self, fn: str, errors: Mapping[int, str]) -> None:
+    def __init__(
+        self, fn: str, errors: Mapping[int, str], partial: Mapping[int, Any] | None = None
+    ) -> None:
         self.errors = dict(errors)
+        self.partial = dict(partial or {})
         first = min(self.errors)
         last_line = self.errors[first].strip().splitlines()[-1] if self.errors[first] else ""
         procs = ", ".join(str(p) for p in sorted(self.errors))
@@ -169,6 +174,24 @@ class ProcessGroup:
         """Wait for the results of the last :meth:`submit`."""
         return self._collect(fn, timeout_s)
 
+    def outcomes(self, timeout_s: float = 600.0) -> list[tuple[bool, Any]]:
+        """Wait for the last :meth:`submit` like :meth:`collect`, without raising.
+
+        Returns
+        -------
+        list
+            Per process, ``(True, result)``, or ``(False, error text)`` for a process
+            whose call raised or whose worker died (failure tests expect some to).
+        """
+        try:
+            return [(True, r) for r in self._collect("task", timeout_s)]
+        except RemoteError as e:
+            results = e.partial
+            return [
+                (False, e.errors[i]) if i in e.errors else (True, results.get(i))
+                for i in range(self.n)
+            ]
+
     def _collect(self, what: str, timeout_s: float) -> list[Any]:
         deadline = time.monotonic() + timeout_s
         results: dict[int, Any] = {}
@@ -196,7 +219,7 @@ class ProcessGroup:
                     del waiting[i]
                     errors[i] = f"worker exited (code {self._procs[i].returncode})"
         if errors:
-            raise RemoteError(what, errors)
+            raise RemoteError(what, errors, results)
         return [results[i] for i in range(self.n)]
 
     def kill(self, process: int) -> None:

@@ -1,0 +1,78 @@
+"""Fault injection for teaching and tests, through the engine's own phase hooks.
+
+Each function acts on the process that calls it; the notebook client sends it to the
+process it targets. Nothing here patches jax: a fault fires at one of the phase
+boundaries listed in :data:`nbckpt.engine.hooks.PHASES`, or inside the writer.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import time
+
+from nbckpt.engine import hooks
+
+__all__ = ["KINDS", "clear", "fail_io", "kill", "list_faults", "slow_io", "stall"]
+
+KINDS = ("kill", "stall", "slow-io", "fail-io")
+
+_active: dict[str, str] = {}
+
+
+def _die(_phase: str) -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def kill(at: str | None = None) -> str:
+    """Kill this process with SIGKILL, now or when phase ``at`` starts."""
+    if at is None:
+        _die("now")
+        return "killed"  # not reached: SIGKILL cannot be caught
+    hooks.set_hook(at, _die)
+    _active[at] = f"kill at {at}"
+    return _active[at]
+
+
+def stall(at: str, seconds: float) -> str:
+    """Sleep ``seconds`` each time phase ``at`` starts (the heartbeat keeps beating)."""
+    if seconds <= 0:
+        raise ValueError(f"seconds must be positive, got {seconds:g}")
+    hooks.set_hook(at, lambda _p: time.sleep(seconds))
+    _active[at] = f"stall {seconds:g} s at {at}"
+    return _active[at]
+
+
+def fail_io(at: str = "write") -> str:
+    """Raise an ``OSError`` (EIO) when phase ``at`` starts, as a failing disk would."""
+
+    def fail(phase: str) -> None:
+        raise OSError(errno.EIO, f"injected I/O error at {phase} (%ckpt_fault fail-io)")
+
+    hooks.set_hook(at, fail)
+    _active[at] = f"fail-io at {at}"
+    return _active[at]
+
+
+def slow_io(factor: float) -> str:
+    """Make this process's writes ``factor`` times slower (1 restores full speed)."""
+    if factor < 1:
+        raise ValueError(f"factor must be at least 1, got {factor:g}")
+    hooks.set_io_slowdown(factor)
+    if factor == 1:
+        _active.pop("io", None)
+        return "slow-io off"
+    _active["io"] = f"slow-io x{factor:g}"
+    return _active["io"]
+
+
+def list_faults() -> list[str]:
+    """Describe the faults armed in this process."""
+    return sorted(_active.values())
+
+
+def clear() -> None:
+    """Disarm every fault of this process."""
+    hooks.clear_hooks()
+    _active.clear()
