@@ -236,10 +236,17 @@ def _temporary(
 
 
 def _first_error(rec: OperationRecord) -> str:
-    for proc in rec.processes.values():
-        if proc.error:
-            return f" on process {proc.process}: {proc.error}"
-    return ""
+    """Name the earliest failure: the others are usually peers giving up because of it."""
+    failures = [
+        (float(ev.get("t", 0.0)), proc.process, proc.error)
+        for proc in rec.processes.values()
+        for ev in proc.events
+        if ev.get("event") == "failed" and proc.error
+    ]
+    if not failures:
+        return ""
+    _, process, error = min(failures)
+    return f" on process {process}: {error}"
 
 
 def _metadata_op(meta: dict[str, Any] | None, ops: _SaveOps) -> str | None:
