@@ -21,8 +21,21 @@ export function formatBytes(bytes: number): string {
   return `${unit === 0 ? value : value.toFixed(1)} ${units[unit]}`;
 }
 
-function formatTime(seconds: number | null): string {
-  return seconds === null ? '' : new Date(seconds * 1000).toLocaleString();
+/** Format a wall time: the time of day if it is today, else a short date too. */
+export function formatTime(seconds: number | null): string {
+  if (seconds === null) {
+    return '';
+  }
+  const date = new Date(seconds * 1000);
+  const clock = date.toLocaleTimeString([], {
+    hour: '2-digit',
+    minute: '2-digit'
+  });
+  if (date.toDateString() === new Date().toDateString()) {
+    return clock;
+  }
+  const day = date.toLocaleDateString([], { month: 'short', day: 'numeric' });
+  return `${day} ${clock}`;
 }
 
 function el<K extends keyof HTMLElementTagNameMap>(
@@ -105,6 +118,9 @@ export class CheckpointsPanel extends Widget {
 
   /** Load and draw one operation's timeline. */
   async showOperation(op: string): Promise<void> {
+    if (this._selected !== op) {
+      this._shown = null;
+    }
     this._selected = op;
     this._highlight();
     let data: IOperation;
@@ -120,6 +136,13 @@ export class CheckpointsPanel extends Widget {
       return;
     }
     this._drawTimeline(data);
+  }
+
+  protected onResize(msg: Widget.ResizeMessage): void {
+    super.onResize(msg);
+    if (this._shown) {
+      this._drawTimeline(this._shown);
+    }
   }
 
   protected onAfterShow(msg: Message): void {
@@ -169,8 +192,16 @@ export class CheckpointsPanel extends Widget {
 
   private _renderSteps(entries: IEntry[]): void {
     const head = el('tr', 'nbckpt-steps-head');
-    for (const label of ['Step', 'State', 'Size', 'Time', 'Procs']) {
-      head.appendChild(el('th', '', label));
+    for (const [label, title] of [
+      ['Step', 'step number'],
+      ['State', 'complete, in progress, abandoned or corrupt'],
+      ['Size', 'bytes on disk'],
+      ['Time', 'finalized at (or last modified)'],
+      ['N', 'number of processes of the save']
+    ]) {
+      const th = el('th', '', label);
+      th.title = title;
+      head.appendChild(th);
     }
     const rows: HTMLTableRowElement[] = [head];
     for (const entry of entries) {
@@ -180,11 +211,13 @@ export class CheckpointsPanel extends Widget {
       row.title = `${entry.path}: ${entry.reason}`;
       const state = el('td', '');
       state.appendChild(badge(entry.state));
+      const time = el('td', 'nbckpt-time', formatTime(entry.time));
+      time.title = new Date(entry.time * 1000).toLocaleString();
       row.append(
         el('td', 'nbckpt-step-number', String(entry.step)),
         state,
         el('td', 'nbckpt-size', formatBytes(entry.bytes)),
-        el('td', 'nbckpt-time', formatTime(entry.time)),
+        time,
         el('td', 'nbckpt-procs', String(entry.process_count ?? ''))
       );
       const op = entry.op;
@@ -235,6 +268,7 @@ export class CheckpointsPanel extends Widget {
   }
 
   private _drawTimeline(op: IOperation): void {
+    this._shown = op;
     this._stale = op.status === 'running';
     const title = el('div', 'nbckpt-timeline-title');
     title.append(
@@ -259,6 +293,15 @@ export class CheckpointsPanel extends Widget {
         errors.appendChild(
           el('li', 'nbckpt-error', `p${proc.process}: ${proc.error}`)
         );
+      } else if (proc.status === 'running' && op.status !== 'running') {
+        // The others finished or gave up, this one never recorded an outcome.
+        errors.appendChild(
+          el(
+            'li',
+            'nbckpt-error',
+            `p${proc.process}: recorded no outcome (the process died?)`
+          )
+        );
       }
     }
     const seen = Object.keys(op.processes).length;
@@ -274,7 +317,10 @@ export class CheckpointsPanel extends Widget {
       el('h3', 'nbckpt-heading', 'Timeline'),
       title,
       el('div', 'nbckpt-timeline-id', op.op),
-      renderTimeline(op),
+      renderTimeline(
+        op,
+        this._timeline.clientWidth || this.node.clientWidth - 16
+      ),
       legend,
       missing,
       errors
@@ -288,4 +334,5 @@ export class CheckpointsPanel extends Widget {
   private _timeline: HTMLElement;
   private _selected: string | null = null;
   private _stale = false;
+  private _shown: IOperation | null = null;
 }

@@ -1,8 +1,7 @@
 import { IOperation, IPhase } from './model';
 
 const SVG_NS = 'http://www.w3.org/2000/svg';
-const WIDTH = 600;
-const LABEL = 40;
+const LABEL = 28;
 const ROW = 20;
 const GAP = 6;
 const AXIS = 18;
@@ -39,9 +38,11 @@ function ms(seconds: number): string {
  * phase, barrier waits hatched, failed spans outlined in red, open spans dashed.
  *
  * @param op The merged journal from `GET nbckpt/api/operations/<op>`.
- * @returns A self-contained SVG element that scales to its container's width.
+ * @param width The width to draw at, in CSS pixels (text keeps its size).
+ * @returns A self-contained SVG element.
  */
-export function renderTimeline(op: IOperation): SVGSVGElement {
+export function renderTimeline(op: IOperation, width = 600): SVGSVGElement {
+  const WIDTH = Math.max(width, 160);
   const processes = Object.values(op.processes).sort(
     (a, b) => a.process - b.process
   );
@@ -52,6 +53,8 @@ export function renderTimeline(op: IOperation): SVGSVGElement {
   const height = processes.length * (ROW + GAP) + AXIS;
   const root = svg('svg', {
     class: 'nbckpt-timeline',
+    width: WIDTH,
+    height,
     viewBox: `0 0 ${WIDTH} ${height}`,
     preserveAspectRatio: 'xMinYMin meet',
     role: 'img'
@@ -107,7 +110,8 @@ export function renderTimeline(op: IOperation): SVGSVGElement {
         'data-phase': phase.name
       });
       if (phase.name.startsWith('barrier:')) {
-        rect.setAttribute('fill', `url(#nbckpt-hatch-${op.op})`);
+        // Inline style, because the theme's CSS fill would beat an attribute.
+        rect.style.fill = `url(#nbckpt-hatch-${op.op})`;
       }
       const title = svg('title', {});
       const offset = ms(phase.start - t0);
