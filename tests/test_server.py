@@ -192,3 +192,23 @@ async def test_route_refuses_traversal_in_the_url(
     assert info.value.code == code
     body = info.value.response.body if info.value.response is not None else b""
     assert b"KeyboardInterrupt" not in body and b"process_" not in body
+
+
+def test_extension_entry_points_are_on_the_top_level_package() -> None:
+    import nbckpt
+
+    assert nbckpt._jupyter_server_extension_points() == [{"module": "nbckpt"}]
+    assert nbckpt._jupyter_labextension_paths() == [{"src": "labextension", "dest": "nbckpt"}]
+    assert callable(nbckpt._load_jupyter_server_extension)
+    assert not {n for n in nbckpt.__all__ if n.startswith("_jupyter")}
+
+
+def test_importing_nbckpt_does_not_import_the_server() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import nbckpt, sys; print([m for m in ('tornado', 'jupyter_server') if m in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
