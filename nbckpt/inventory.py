@@ -150,6 +150,9 @@ class _SaveOps:
         if self._by_step is None:
             self._by_step = {}
             for op in list_operations(self.root):
+                # Like entries, operation folders that are symlinks are not followed.
+                if (ops_dir(self.root) / op).is_symlink():
+                    continue
                 header = _op_header(self.root, op)
                 if header is not None and header[0] == "save":
                     self._by_step.setdefault(header[1], []).append(op)

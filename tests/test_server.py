@@ -84,6 +84,24 @@ def test_manager_accepts_the_server_root_itself_and_inner_dotdot(server_root: Pa
     assert m.checkpoints("runs/../runs/ckpt")["root"] == "runs/ckpt"
 
 
+def test_manager_refuses_a_journal_linked_outside(server_root: Path, tmp_path: Path) -> None:
+    linked = server_root / "linked"
+    linked.mkdir()
+    os.symlink(tmp_path / "outside" / ".nbckpt", linked / ".nbckpt")
+    m = CheckpointManager(server_root)
+    for call in (m.checkpoints, m.operations):
+        with pytest.raises(ForbiddenPathError):
+            call("linked")
+    with pytest.raises(ForbiddenPathError):
+        m.operation("linked", OP_OK)
+    # One operation folder linked out is refused too.
+    ops = server_root / "runs" / "ckpt" / ".nbckpt" / "ops"
+    os.symlink(tmp_path / "outside" / ".nbckpt" / "ops" / OP_OK, ops / "linked-op")
+    with pytest.raises(ForbiddenPathError):
+        m.operation("runs/ckpt", "linked-op")
+    assert "linked-op" not in {o["op"] for o in m.operations("runs/ckpt")["operations"]}
+
+
 @pytest.mark.parametrize("op", ["..", "../ckpt", "nope"])
 def test_manager_refuses_bad_or_unknown_operations(server_root: Path, op: str) -> None:
     with pytest.raises((BadRequestError, NotFoundError)):

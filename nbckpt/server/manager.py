@@ -86,11 +86,24 @@ class CheckpointManager:
         if os.path.isabs(rel) or rel.startswith("~"):
             raise ForbiddenPathError(f"root {root!r} must be relative to the server's root")
         real = Path(os.path.realpath(self.root_dir / rel))
-        if real != self.root_dir and not real.is_relative_to(self.root_dir):
+        if not self._inside(real):
             raise ForbiddenPathError(f"root {root!r} is outside the server's root")
         if not real.is_dir():
             raise NotFoundError(f"no directory {root!r} under the server's root")
         return real
+
+    def _inside(self, path: Path) -> bool:
+        real = Path(os.path.realpath(path))
+        return real == self.root_dir or real.is_relative_to(self.root_dir)
+
+    def _journal_of(self, real: Path) -> Path:
+        """Return the root's journal directory, refusing one symlinked out of bounds."""
+        journal = ops_dir(real)
+        if not self._inside(journal):
+            raise ForbiddenPathError(
+                f"the journal of {self.relative(real)!r} links outside the server's root"
+            )
+        return journal
 
     def relative(self, path: Path) -> str:
         """Return ``path`` relative to the root directory, ``"."`` for itself."""
@@ -99,6 +112,9 @@ class CheckpointManager:
     def checkpoints(self, root: str | None) -> dict[str, Any]:
         """List every step-like entry of ``root`` with its state.
 
+        Entries that are symlinks are not followed (see :func:`nbckpt.inventory.classify`).
+        A journal symlinked outside the root directory is refused.
+
         Returns
         -------
         dict
@@ -106,6 +122,7 @@ class CheckpointManager:
             entry, see :class:`nbckpt.inventory.Entry`) and ``counts`` per state.
         """
         real = self.resolve(root)
+        self._journal_of(real)
         now = time.time()
         entries = [e.to_dict() for e in classify(real, now=now, stale_after_s=self.stale_after_s)]
         counts: dict[str, int] = {}
@@ -116,8 +133,11 @@ class CheckpointManager:
     def operations(self, root: str | None) -> dict[str, Any]:
         """List the journaled operations of ``root``, newest first, without events."""
         real = self.resolve(root)
+        journal = self._journal_of(real)
         ops = []
         for op in reversed(list_operations(real)):
+            if not self._inside(journal / op):
+                continue
             rec = read_operation(real, op)
             ops.append(
                 {
@@ -146,7 +166,10 @@ class CheckpointManager:
         real = self.resolve(root)
         if not op or op in (".", "..") or "/" in op or "\\" in op or "\0" in op:
             raise BadRequestError(f"{op!r} is not an operation id")
-        if not (ops_dir(real) / op).is_dir():
+        folder = self._journal_of(real) / op
+        if not self._inside(folder):
+            raise ForbiddenPathError(f"operation {op!r} links outside the server's root")
+        if not folder.is_dir():
             raise NotFoundError(f"no operation {op!r} under {self.relative(real)!r}")
         data = read_operation(real, op).to_dict()
         data["root"] = self.relative(real)
