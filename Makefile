@@ -8,12 +8,16 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
+# The lab extension is built by the package's build hook (pip install), so its sources
+# are inputs of the install too.
+LAB_SOURCES := $(wildcard labextension/src/*.ts labextension/style/* labextension/schema/*) \
+	labextension/package.json labextension/yarn.lock
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test lint browser-deps bench clean
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LAB_SOURCES)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
@@ -22,12 +26,19 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/python -m nbckpt.demo
 
+# The browser test drives Debian's Chromium (Playwright never downloads a browser here).
+browser-deps:
+	@if [ ! -x /usr/bin/chromium ]; then \
+		apt-get update && apt-get install -y --no-install-recommends chromium; \
+	fi
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	cd labextension && PATH="$(CURDIR)/$(BIN):$$PATH" jlpm run lint:check
 
-test: lint
+test: lint browser-deps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: $(STAMP)
@@ -35,3 +46,5 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf labextension/node_modules labextension/lib labextension/tsconfig.tsbuildinfo \
+		nbckpt/labextension

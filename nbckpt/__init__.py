@@ -4,6 +4,8 @@ The engine (``nbckpt.engine``) runs in every JAX process; importing this top-lev
 package needs neither jax nor IPython.
 """
 
+from typing import Any as _Any
+
 from nbckpt.errors import (
     BarrierTimeoutError,
     CheckpointError,
@@ -37,3 +39,23 @@ __all__ = [
     "all_steps",
     "latest_step",
 ]
+
+
+# jupyter-server and JupyterLab look these up on the top-level package. They import the
+# server extension lazily, so ``import nbckpt`` stays cheap and Tornado-free.
+def _jupyter_server_extension_points() -> list[dict[str, str]]:
+    from nbckpt.server import _jupyter_server_extension_points as points
+
+    return points()
+
+
+def _jupyter_labextension_paths() -> list[dict[str, str]]:
+    from nbckpt.server import _jupyter_labextension_paths as paths
+
+    return paths()
+
+
+def _load_jupyter_server_extension(server_app: _Any) -> None:
+    from nbckpt.server import _load_jupyter_server_extension as load
+
+    load(server_app)

@@ -1,0 +1,313 @@
+"""Classify every entry of a checkpoint root: complete, in progress, abandoned or corrupt.
+
+The sidebar of the JupyterLab extension shows this classification, and fsck reuses it.
+Completeness itself is decided by :func:`nbckpt.layout.is_complete` alone; this module
+only adds what a person wants to know about everything else under the root:
+
+``complete``
+    :func:`~nbckpt.layout.is_complete` holds, the metadata is readable, and every array
+    leaf it lists has its zarr array (a ``.zarray`` file) on disk.
+``corrupt``
+    Named like a complete step (a ``<step>`` directory with the commit file, or with
+    rename-mode metadata) but its metadata is unreadable or an array is missing.
+``in_progress``
+    A temporary entry (``<step>.nbckpt-tmp``, or a commit-file-mode ``<step>``
+    directory without its commit file) whose save is still running according to the
+    journal, and whose newest journal event is recent.
+``abandoned``
+    A temporary entry whose save failed, went stale or left no journal, and any
+    ``<step>.nbckpt-deleting`` directory (a removal that did not finish).
+
+Other names under the root (the ``.nbckpt`` state directory, stray files) are not
+entries. Nothing here needs jax, and nothing here writes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from nbckpt.journal import OperationRecord, list_operations, read_operation
+from nbckpt.layout import (
+    COMMIT_FILE,
+    DELETING_SUFFIX,
+    METADATA_FILE,
+    TMP_SUFFIX,
+    is_complete,
+    ops_dir,
+    parse_step,
+    read_metadata,
+)
+
+__all__ = ["STALE_AFTER_S", "STATES", "Entry", "State", "classify", "find_save_op"]
+
+State = Literal["complete", "in_progress", "abandoned", "corrupt"]
+
+#: Every state an entry can be in.
+STATES: tuple[State, ...] = ("complete", "in_progress", "abandoned", "corrupt")
+
+#: A running save whose newest journal event is older than this (seconds) is abandoned.
+STALE_AFTER_S = 600.0
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One entry of a checkpoint root.
+
+    Attributes
+    ----------
+    step
+        The step the entry stands for.
+    path
+        The entry's name, relative to the root (``"20"``, ``"30.nbckpt-tmp"``).
+    state
+        One of :data:`STATES`.
+    reason
+        One line saying why the entry has this state.
+    bytes
+        Total size of the files under the entry (apparent sizes).
+    time
+        When the step was finalized (from its metadata), else the entry's mtime.
+    process_count
+        The number of processes of the save, from the metadata or the journal.
+    op
+        The id of the save's journal operation, if the root has its journal.
+    mode
+        ``"rename"`` or ``"commit_file"`` when known, ``None`` otherwise.
+    """
+
+    step: int
+    path: str
+    state: State
+    reason: str
+    bytes: int
+    time: float
+    process_count: int | None
+    op: str | None
+    mode: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a JSON-able dict of the entry."""
+        return asdict(self)
+
+
+def classify(
+    root: str | os.PathLike[str],
+    *,
+    now: float | None = None,
+    stale_after_s: float = STALE_AFTER_S,
+) -> list[Entry]:
+    """Classify every step-like entry under ``root``.
+
+    Parameters
+    ----------
+    root
+        The checkpoint root. A missing root has no entries.
+    now
+        The wall time to judge staleness against (default: the current time).
+    stale_after_s
+        A temporary entry whose running save has recorded nothing for this long is
+        abandoned.
+
+    Returns
+    -------
+    list of Entry
+        Sorted by step, then by path.
+    """
+    now = time.time() if now is None else now
+    try:
+        names = [e.name for e in os.scandir(root) if e.is_dir(follow_symlinks=False)]
+    except FileNotFoundError:
+        return []
+    ops = _SaveOps(root)
+    entries = []
+    for name in names:
+        entry = _classify_one(Path(root), name, ops, now, stale_after_s)
+        if entry is not None:
+            entries.append(entry)
+    return sorted(entries, key=lambda e: (e.step, e.path))
+
+
+def find_save_op(root: str | os.PathLike[str], step: int) -> str | None:
+    """Return the id of the newest journaled save of ``step`` under ``root``, if any."""
+    return _SaveOps(root).newest(step)
+
+
+class _SaveOps:
+    """Lazily index the root's journal: which save operations touched which step."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = root
+        self._by_step: dict[int, list[str]] | None = None
+        self._records: dict[str, OperationRecord] = {}
+
+    def newest(self, step: int) -> str | None:
+        if self._by_step is None:
+            self._by_step = {}
+            for op in list_operations(self.root):
+                # Like entries, operation folders that are symlinks are not followed.
+                if (ops_dir(self.root) / op).is_symlink():
+                    continue
+                header = _op_header(self.root, op)
+                if header is not None and header[0] == "save":
+                    self._by_step.setdefault(header[1], []).append(op)
+        found = self._by_step.get(step)
+        return found[-1] if found else None
+
+    def exists(self, op: str) -> bool:
+        return (ops_dir(self.root) / op).is_dir()
+
+    def record(self, op: str) -> OperationRecord:
+        if op not in self._records:
+            self._records[op] = read_operation(self.root, op)
+        return self._records[op]
+
+
+def _op_header(root: str | os.PathLike[str], op: str) -> tuple[str, int] | None:
+    """Return (kind, step) from the first readable event of an operation, cheaply."""
+    for path in sorted((ops_dir(root) / op).glob("process_*.jsonl")):
+        try:
+            with open(path, encoding="utf-8") as f:
+                ev = json.loads(f.readline())
+            return str(ev["kind"]), int(ev["step"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return None
+
+
+def _classify_one(
+    root: Path, name: str, ops: _SaveOps, now: float, stale_after_s: float
+) -> Entry | None:
+    path = root / name
+    for suffix, is_deleting in ((TMP_SUFFIX, False), (DELETING_SUFFIX, True)):
+        if name.endswith(suffix):
+            step = parse_step(name.removesuffix(suffix))
+            if step is None:
+                return None
+            if is_deleting:
+                return _entry(path, step, "abandoned", "a removal that did not finish", None)
+            return _temporary(path, step, "rename", ops, now, stale_after_s)
+    step = parse_step(name)
+    if step is None:
+        return None
+    if not is_complete(path):
+        return _temporary(path, step, "commit_file", ops, now, stale_after_s)
+    meta = read_metadata(path)
+    mode = "commit_file" if (path / COMMIT_FILE).is_file() else "rename"
+    op = _metadata_op(meta, ops) or ops.newest(step)
+    if meta is None:
+        reason = f"{METADATA_FILE} is missing or unreadable"
+        return _entry(path, step, "corrupt", reason, op, mode=mode)
+    missing = _missing_arrays(path, meta)
+    count = meta.get("process_count")
+    fields: dict[str, Any] = {
+        "mode": mode,
+        "process_count": count if isinstance(count, int) else None,
+        "time": _float_or_none(meta.get("time_finalized")),
+    }
+    if missing:
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        reason = f"array {missing[0]!r}{more} missing"
+        return _entry(path, step, "corrupt", reason, op, **fields)
+    return _entry(path, step, "complete", "committed", op, **fields)
+
+
+def _temporary(
+    path: Path, step: int, mode: str, ops: _SaveOps, now: float, stale_after_s: float
+) -> Entry:
+    """Classify an entry a save writes into before it commits."""
+    op = ops.newest(step)
+    if op is None:
+        return _entry(path, step, "abandoned", "no journal for this save", None, mode=mode)
+    rec = ops.record(op)
+    count = rec.process_count
+    if rec.status != "running":
+        reason = f"its save {rec.status}" + _first_error(rec)
+        return _entry(path, step, "abandoned", reason, op, mode=mode, process_count=count)
+    last = max(
+        (float(e.get("t", 0.0)) for p in rec.processes.values() for e in p.events), default=0
+    )
+    if now - last > stale_after_s:
+        reason = f"its save recorded nothing for {now - last:.0f} s"
+        return _entry(path, step, "abandoned", reason, op, mode=mode, process_count=count)
+    return _entry(path, step, "in_progress", "saving", op, mode=mode, process_count=count)
+
+
+def _first_error(rec: OperationRecord) -> str:
+    """Name the earliest failure: the others are usually peers giving up because of it."""
+    failures = [
+        (float(ev.get("t", 0.0)), proc.process, proc.error)
+        for proc in rec.processes.values()
+        for ev in proc.events
+        if ev.get("event") == "failed" and proc.error
+    ]
+    if not failures:
+        return ""
+    _, process, error = min(failures)
+    return f" on process {process}: {error}"
+
+
+def _metadata_op(meta: dict[str, Any] | None, ops: _SaveOps) -> str | None:
+    op = meta.get("op") if meta else None
+    return op if isinstance(op, str) and ops.exists(op) else None
+
+
+def _missing_arrays(path: Path, meta: dict[str, Any]) -> list[str]:
+    leaves = meta.get("leaves")
+    if not isinstance(leaves, list):
+        return ["(leaf list)"]
+    missing = []
+    for leaf in leaves:
+        if not isinstance(leaf, dict) or leaf.get("kind") == "scalar":
+            continue
+        name = str(leaf.get("name", ""))
+        if not name or not (path / name / ".zarray").is_file():
+            missing.append(name)
+    return missing
+
+
+def _float_or_none(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) else None
+
+
+def _entry(
+    path: Path,
+    step: int,
+    state: State,
+    reason: str,
+    op: str | None,
+    *,
+    mode: str | None = None,
+    process_count: int | None = None,
+    time: float | None = None,
+) -> Entry:
+    try:
+        mtime = path.stat().st_mtime
+    except OSError:
+        mtime = 0.0
+    return Entry(
+        step=step,
+        path=path.name,
+        state=state,
+        reason=reason,
+        bytes=sum(_file_sizes(path)),
+        time=time if time is not None else mtime,
+        process_count=process_count,
+        op=op,
+        mode=mode,
+    )
+
+
+def _file_sizes(path: Path) -> Iterator[int]:
+    # A save or a removal may delete files while we walk: skip what vanished.
+    for dirpath, _dirs, files in os.walk(path):
+        for f in files:
+            try:
+                yield os.lstat(os.path.join(dirpath, f)).st_size
+            except OSError:
+                continue

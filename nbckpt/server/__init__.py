@@ -1,0 +1,38 @@
+"""The jupyter-server extension: authenticated routes over checkpoint roots.
+
+Routes (under the server's base URL), every one ``@tornado.web.authenticated``:
+
+- ``GET nbckpt/api/checkpoints?root=R``
+- ``GET nbckpt/api/operations?root=R``
+- ``GET nbckpt/api/operations/<op>?root=R``
+
+``R`` is relative to the server's root directory and may not leave it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "_jupyter_labextension_paths",
+    "_jupyter_server_extension_points",
+    "_load_jupyter_server_extension",
+]
+
+
+def _jupyter_labextension_paths() -> list[dict[str, str]]:
+    """Tell JupyterLab where the prebuilt lab extension is (the shared-data copy)."""
+    return [{"src": "labextension", "dest": "nbckpt"}]
+
+
+def _jupyter_server_extension_points() -> list[dict[str, str]]:
+    """Name the module that loads the server extension."""
+    return [{"module": "nbckpt"}]
+
+
+def _load_jupyter_server_extension(server_app: Any) -> None:
+    """Register the routes on a running ``ServerApp``."""
+    from nbckpt.server.handlers import setup_handlers
+
+    setup_handlers(server_app.web_app, server_app.root_dir)
+    server_app.log.info("nbckpt: checkpoint routes registered under nbckpt/api/")

@@ -1,0 +1,72 @@
+"""Thin authenticated Tornado handlers over :class:`~nbckpt.server.manager.CheckpointManager`."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import tornado.web
+from jupyter_server.base.handlers import APIHandler
+from jupyter_server.utils import url_path_join
+
+from nbckpt.server.manager import CheckpointManager, ManagerError
+
+__all__ = ["CheckpointsHandler", "OperationHandler", "OperationsHandler", "setup_handlers"]
+
+
+class _BaseHandler(APIHandler):
+    """Map manager errors to a status and a one-line ``{"message": ...}`` body."""
+
+    manager: CheckpointManager
+
+    def initialize(self, manager: CheckpointManager) -> None:
+        self.manager = manager
+
+    def _answer(self, fn: Any, *args: Any) -> None:
+        try:
+            data = fn(self.get_query_argument("root", None), *args)
+        except ManagerError as e:
+            self.set_status(e.status)
+            data = {"message": str(e)}
+        self.finish(json.dumps(data))
+
+
+class CheckpointsHandler(_BaseHandler):
+    """``GET /nbckpt/api/checkpoints?root=R``: the entries of a root and their states."""
+
+    @tornado.web.authenticated
+    def get(self) -> None:
+        """Answer with :meth:`CheckpointManager.checkpoints`."""
+        self._answer(self.manager.checkpoints)
+
+
+class OperationsHandler(_BaseHandler):
+    """``GET /nbckpt/api/operations?root=R``: the journaled operations of a root."""
+
+    @tornado.web.authenticated
+    def get(self) -> None:
+        """Answer with :meth:`CheckpointManager.operations`."""
+        self._answer(self.manager.operations)
+
+
+class OperationHandler(_BaseHandler):
+    """``GET /nbckpt/api/operations/<op>?root=R``: one operation's merged journal."""
+
+    @tornado.web.authenticated
+    def get(self, op: str) -> None:
+        """Answer with :meth:`CheckpointManager.operation`."""
+        self._answer(self.manager.operation, op)
+
+
+def setup_handlers(web_app: Any, root_dir: str) -> None:
+    """Register the routes under ``<base_url>/nbckpt/api/``."""
+    base = url_path_join(web_app.settings["base_url"], "nbckpt", "api")
+    kwargs = {"manager": CheckpointManager(root_dir)}
+    web_app.add_handlers(
+        ".*$",
+        [
+            (url_path_join(base, "checkpoints"), CheckpointsHandler, kwargs),
+            (url_path_join(base, "operations"), OperationsHandler, kwargs),
+            (url_path_join(base, "operations", "([^/]+)"), OperationHandler, kwargs),
+        ],
+    )

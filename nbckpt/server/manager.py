@@ -1,0 +1,177 @@
+"""What the server routes answer, without any Tornado code.
+
+:class:`CheckpointManager` resolves a root given relative to the server's root
+directory, refuses anything that would leave it, and returns JSON-able data built from
+:mod:`nbckpt.inventory` and :mod:`nbckpt.journal`. The handlers only translate HTTP.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from nbckpt.inventory import classify
+from nbckpt.journal import list_operations, read_operation
+from nbckpt.layout import ops_dir
+
+__all__ = [
+    "BadRequestError",
+    "CheckpointManager",
+    "ForbiddenPathError",
+    "ManagerError",
+    "NotFoundError",
+]
+
+
+class ManagerError(Exception):
+    """A request the manager refuses; ``status`` is the HTTP status that fits."""
+
+    status = 400
+
+
+class BadRequestError(ManagerError):
+    """The request is malformed (no root given, a bad operation id)."""
+
+    status = 400
+
+
+class ForbiddenPathError(ManagerError):
+    """The root resolves outside the server's root directory."""
+
+    status = 403
+
+
+class NotFoundError(ManagerError):
+    """The root, or the operation, does not exist."""
+
+    status = 404
+
+
+class CheckpointManager:
+    """Answer questions about checkpoint roots under one directory.
+
+    Parameters
+    ----------
+    root_dir
+        The server's root directory. Every root is relative to it, and no root may
+        resolve (after following symlinks) outside it.
+    stale_after_s
+        Passed to :func:`nbckpt.inventory.classify`.
+    """
+
+    def __init__(self, root_dir: str | os.PathLike[str], *, stale_after_s: float = 600.0) -> None:
+        self.root_dir = Path(os.path.realpath(os.path.expanduser(root_dir)))
+        self.stale_after_s = stale_after_s
+
+    def resolve(self, root: str | None) -> Path:
+        """Return the real path of ``root``, which must lie inside the root directory.
+
+        Raises
+        ------
+        BadRequestError
+            If ``root`` is missing.
+        ForbiddenPathError
+            If ``root`` is absolute, or resolves outside the root directory (through
+            ``..`` or a symlink).
+        NotFoundError
+            If it resolves to nothing, or to something that is not a directory.
+        """
+        if root is None:
+            raise BadRequestError("missing query parameter 'root'")
+        if "\0" in root:
+            raise BadRequestError("root contains a NUL character")
+        rel = root.strip()
+        if os.path.isabs(rel) or rel.startswith("~"):
+            raise ForbiddenPathError(f"root {root!r} must be relative to the server's root")
+        real = Path(os.path.realpath(self.root_dir / rel))
+        if not self._inside(real):
+            raise ForbiddenPathError(f"root {root!r} is outside the server's root")
+        if not real.is_dir():
+            raise NotFoundError(f"no directory {root!r} under the server's root")
+        return real
+
+    def _inside(self, path: Path) -> bool:
+        real = Path(os.path.realpath(path))
+        return real == self.root_dir or real.is_relative_to(self.root_dir)
+
+    def _journal_of(self, real: Path) -> Path:
+        """Return the root's journal directory, refusing one symlinked out of bounds."""
+        journal = ops_dir(real)
+        if not self._inside(journal):
+            raise ForbiddenPathError(
+                f"the journal of {self.relative(real)!r} links outside the server's root"
+            )
+        return journal
+
+    def relative(self, path: Path) -> str:
+        """Return ``path`` relative to the root directory, ``"."`` for itself."""
+        return str(path.relative_to(self.root_dir)) if path != self.root_dir else "."
+
+    def checkpoints(self, root: str | None) -> dict[str, Any]:
+        """List every step-like entry of ``root`` with its state.
+
+        Entries that are symlinks are not followed (see :func:`nbckpt.inventory.classify`).
+        A journal symlinked outside the root directory is refused.
+
+        Returns
+        -------
+        dict
+            ``root`` (relative), ``time`` (server time), ``entries`` (one dict per
+            entry, see :class:`nbckpt.inventory.Entry`) and ``counts`` per state.
+        """
+        real = self.resolve(root)
+        self._journal_of(real)
+        now = time.time()
+        entries = [e.to_dict() for e in classify(real, now=now, stale_after_s=self.stale_after_s)]
+        counts: dict[str, int] = {}
+        for e in entries:
+            counts[e["state"]] = counts.get(e["state"], 0) + 1
+        return {"root": self.relative(real), "time": now, "entries": entries, "counts": counts}
+
+    def operations(self, root: str | None) -> dict[str, Any]:
+        """List the journaled operations of ``root``, newest first, without events."""
+        real = self.resolve(root)
+        journal = self._journal_of(real)
+        ops = []
+        for op in reversed(list_operations(real)):
+            if not self._inside(journal / op):
+                continue
+            rec = read_operation(real, op)
+            ops.append(
+                {
+                    "op": rec.op,
+                    "kind": rec.kind,
+                    "step": rec.step,
+                    "status": rec.status,
+                    "start": rec.start,
+                    "end": rec.end,
+                    "process_count": rec.process_count,
+                    "processes_seen": len(rec.processes),
+                }
+            )
+        return {"root": self.relative(real), "time": time.time(), "operations": ops}
+
+    def operation(self, root: str | None, op: str) -> dict[str, Any]:
+        """Return one operation's merged journal: per process, per phase, start and end.
+
+        Raises
+        ------
+        BadRequestError
+            If ``op`` is not a plain operation id.
+        NotFoundError
+            If the root has no journal for ``op``.
+        """
+        real = self.resolve(root)
+        if not op or op in (".", "..") or "/" in op or "\\" in op or "\0" in op:
+            raise BadRequestError(f"{op!r} is not an operation id")
+        folder = self._journal_of(real) / op
+        if not self._inside(folder):
+            raise ForbiddenPathError(f"operation {op!r} links outside the server's root")
+        if not folder.is_dir():
+            raise NotFoundError(f"no operation {op!r} under {self.relative(real)!r}")
+        data = read_operation(real, op).to_dict()
+        data["root"] = self.relative(real)
+        data["time"] = time.time()
+        return data

@@ -1,0 +1,214 @@
+"""The Checkpoints sidebar in a real JupyterLab, driven by Playwright in Debian's Chromium.
+
+A 2-process JAX job makes a real root: step 1 commits; the save of step 2 is abandoned
+because process 1 exits abruptly at the ``write_complete`` barrier. JupyterLab then
+serves that root on 127.0.0.1, and the test opens the sidebar from the command palette,
+checks both states and opens each save's per-process timeline. Screenshots go to
+``artifacts/``.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nbckpt.layout import TMP_SUFFIX, all_steps
+from nbckpt.procgroup import ProcessGroup, free_port
+
+pytestmark = [pytest.mark.browser, pytest.mark.multihost]
+
+REPO = Path(__file__).resolve().parents[2]
+ARTIFACTS = REPO / "artifacts"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+T = "tests.lab_tasks"
+
+
+@pytest.fixture(scope="module")
+def server_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A server root holding ``ckpt/``: step 1 complete, step 2 abandoned by a kill."""
+    server_root = tmp_path_factory.mktemp("lab")
+    root = server_root / "ckpt"
+    env = {"PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    with ProcessGroup(2, env=env, recoverable=True) as group:
+        assert group.run(f"{T}:save", str(root), 1) == [None, None]
+        group.submit(f"{T}:save", str(root), 2, kwargs={"kill_at": "barrier:write_complete"})
+        with pytest.raises(Exception, match="worker exited"):
+            group.collect("killed save", timeout_s=120)
+    assert all_steps(root) == [1]
+    assert (root / f"2{TMP_SUFFIX}").is_dir()
+    return server_root
+
+
+def _wait_for_server(
+    url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 90
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+            raise RuntimeError(f"jupyter lab exited with code {proc.returncode}:\n{tail}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.3)
+    raise TimeoutError(f"jupyter lab did not answer at {url} within {timeout_s} s")
+
+
+@pytest.fixture(scope="module")
+def lab(server_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A JupyterLab on 127.0.0.1 serving ``server_root``; yields its URL with the token."""
+    home = tmp_path_factory.mktemp("jupyter-home")
+    port, token = free_port(), secrets.token_hex(16)
+    env = dict(os.environ)
+    # Keep the user's own Jupyter config and settings out of the test.
+    env.update(
+        JUPYTER_CONFIG_DIR=str(home / "config"),
+        JUPYTERLAB_SETTINGS_DIR=str(home / "settings"),
+        JUPYTERLAB_WORKSPACES_DIR=str(home / "workspaces"),
+        JUPYTER_RUNTIME_DIR=str(home / "runtime"),
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "jupyterlab",
+        "--no-browser",
+        "--ServerApp.ip=127.0.0.1",
+        f"--ServerApp.port={port}",
+        "--ServerApp.port_retries=0",
+        f"--IdentityProvider.token={token}",
+        f"--ServerApp.root_dir={server_root}",
+        "--allow-root",  # CI containers run as root
+        "--LabApp.news_url=",
+        "--LabApp.extension_manager=readonly",
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+    ]
+    # No "official Jupyter news?" toast over the page.
+    labconfig = home / "config" / "labconfig"
+    labconfig.mkdir(parents=True)
+    (labconfig / "page_config.json").write_text(
+        '{"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": true}}'
+    )
+    log_path = home / "lab.log"
+    log = log_path.open("wb")
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        _wait_for_server(f"{base}/api/status?token={token}", proc, log_path)
+        yield f"{base}/lab?token={token}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def test_sidebar_shows_states_and_timelines(lab: str, server_root: Path) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.set_default_timeout(30_000)
+            page.goto(lab)
+            page.wait_for_selector("#jp-main-dock-panel", state="visible", timeout=60_000)
+            page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=60_000)
+
+            # The command-palette entry opens the sidebar.
+            page.keyboard.press("Control+Shift+C")
+            palette = page.locator(".lm-CommandPalette-input")
+            palette.fill("Open Checkpoints Sidebar")
+            page.locator(".lm-CommandPalette-item", has_text="Open Checkpoints Sidebar").click()
+            sidebar = page.locator("#nbckpt-sidebar")
+            expect(sidebar).to_be_visible()
+
+            sidebar.locator(".nbckpt-root-input").fill("ckpt")
+            sidebar.locator(".nbckpt-root-open").click()
+            steps = sidebar.locator(".nbckpt-steps")
+            complete = steps.locator("tr.nbckpt-step[data-path='1']")
+            abandoned = steps.locator("tr.nbckpt-step[data-path='2.nbckpt-tmp']")
+            expect(complete.locator(".nbckpt-badge-complete")).to_have_text("complete")
+            expect(abandoned.locator(".nbckpt-badge-abandoned")).to_have_text("abandoned")
+            expect(complete.locator(".nbckpt-procs")).to_have_text("2")
+            expect(complete.locator(".nbckpt-size")).to_contain_text("KiB")
+            page.screenshot(path=ARTIFACTS / "lab_sidebar_steps.png")
+
+            # The committed save: one row per process, barrier waits drawn apart.
+            complete.click()
+            timeline = sidebar.locator(".nbckpt-timeline-section")
+            expect(timeline.locator(".nbckpt-badge-committed")).to_be_visible()
+            rows = timeline.locator(".nbckpt-timeline-row")
+            expect(rows).to_have_count(2)
+            assert rows.nth(0).get_attribute("data-process") == "0"
+            assert rows.nth(1).get_attribute("data-process") == "1"
+            for i in range(2):
+                expect(rows.nth(i).locator(".nbckpt-span-write")).to_have_count(1)
+                assert rows.nth(i).locator(".nbckpt-span-barrier").count() == 3
+            page.screenshot(path=ARTIFACTS / "lab_timeline_committed.png")
+
+            # The killed save: it failed; process 0 timed out waiting for process 1.
+            abandoned.click()
+            expect(timeline.locator(".nbckpt-badge-failed")).to_be_visible()
+            expect(rows).to_have_count(2)
+            expect(timeline.locator(".nbckpt-span-failed").first).to_be_visible()
+            expect(timeline.locator(".nbckpt-timeline-errors")).to_contain_text("process 1")
+            page.screenshot(path=ARTIFACTS / "lab_timeline_abandoned.png")
+
+            _follow_a_save_in_progress(page, server_root / "ckpt")
+        finally:
+            browser.close()
+
+
+def _follow_a_save_in_progress(page: Any, root: Path) -> None:
+    """A save stalled at its last barrier shows as in progress, then commits on its own."""
+    from playwright.sync_api import expect
+
+    env = {"PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    with ProcessGroup(2, env=env) as group:
+        stall = {"stall_at": "barrier:write_complete", "stall_s": 8.0}
+        group.submit(f"{T}:save", str(root), 3, kwargs=stall)
+        sidebar = page.locator("#nbckpt-sidebar")
+        steps = sidebar.locator(".nbckpt-steps")
+        status = page.locator(".nbckpt-statusbar")
+        # Until the step is published, its row is the temporary directory (rename mode).
+        deadline = time.monotonic() + 60
+        while not (root / "3").is_dir() and time.monotonic() < deadline:
+            sidebar.locator(".nbckpt-refresh").click()
+            running = steps.locator(".nbckpt-badge-in_progress")
+            if running.count() and status.is_visible():
+                break
+            page.wait_for_timeout(300)
+        expect(steps.locator(".nbckpt-badge-in_progress")).to_be_visible(timeout=1)
+        expect(status).to_have_text("Checkpoint: 1 saving")
+        page.screenshot(path=ARTIFACTS / "lab_save_in_progress.png")
+        # No more clicks: the sidebar refreshes by itself until the save commits.
+        committed = steps.locator("tr.nbckpt-step[data-path='3'] .nbckpt-badge-complete")
+        expect(committed).to_be_visible(timeout=30_000)
+        expect(status).to_be_hidden()
+        assert group.collect("stalled save", timeout_s=60) == [None, None]
