@@ -9,15 +9,16 @@ the journal. Nothing here imports jax.
 from __future__ import annotations
 
 import os
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nbckpt.cluster import ClusterError, JaxCluster
+from nbckpt.cluster import ClusterError, ClusterGoneError, JaxCluster
 from nbckpt.journal import OperationRecord, read_operation
-from nbckpt.layout import TMP_SUFFIX, Mode, all_steps, parse_step
+from nbckpt.layout import TMP_SUFFIX, Mode, all_steps, is_complete, parse_step, step_dir
 
 __all__ = ["BarrierReport", "CheckpointClient", "SaveFailedError", "SaveHandle", "list_steps"]
 
@@ -121,13 +122,24 @@ class SaveHandle:
             If ``timeout_s`` passes first (the save goes on).
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        dead_since: float | None = None
         while True:
             rec = self.record()
             if rec.status == "failed":
                 self.client._acknowledge(self.op)
-                raise _failure(rec)
+                raise _failure(rec, self.root)
             if rec.status != "running":
                 return rec
+            dead = self.client.cluster.dead_processes()
+            if 0 in dead:
+                raise ClusterGoneError()
+            if dead:
+                # Survivors journal the failure within seconds; if they do not (all of
+                # them died), say so from the controller's view.
+                dead_since = dead_since or time.monotonic()
+                if time.monotonic() - dead_since > 8:
+                    self.client._acknowledge(self.op)
+                    self.client.cluster.check_alive()
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(
                     f"step {self.step} ({self.op}) is still running after {timeout_s:g} s; "
@@ -139,18 +151,46 @@ class SaveHandle:
         return f"<SaveHandle step {self.step} -> {self.root} ({self.op}): {self.status()}>"
 
 
-def _failure(rec: OperationRecord) -> SaveFailedError:
-    failed = {p: r.error or "failed" for p, r in rec.processes.items() if r.status == "failed"}
-    first = min(failed)
-    who = (
-        "process " + str(first)
-        if len(failed) == 1
-        else "processes " + ", ".join(str(p) for p in sorted(failed))
+_CONSEQUENCE = re.compile(r"^process(es)? [\d, ]+ (failed|died)")
+
+
+def _failure(rec: OperationRecord, root: str) -> SaveFailedError:
+    """One error for a failed save, led by its causes rather than by who gave up."""
+    errors = {p: r.error or "failed" for p, r in rec.processes.items() if r.status == "failed"}
+
+    def failed_at(p: int) -> float:
+        times = [
+            float(e.get("t", 0.0)) for e in rec.processes[p].events if e.get("event") == "failed"
+        ]
+        return min(times, default=float("inf"))
+
+    # A process whose error only reports a peer's failure or death gave up; the others
+    # failed on their own. If all of them only report (a peer died), the first speaks.
+    causes = [p for p in errors if not _CONSEQUENCE.match(errors[p])]
+    if not causes:
+        causes = [min(errors, key=failed_at)]
+    by_text: dict[str, list[int]] = {}
+    for p in sorted(causes):
+        by_text.setdefault(errors[p], []).append(p)
+    what = "; ".join(
+        f"{'process' if len(ps) == 1 else 'processes'} {', '.join(map(str, ps))}: {text}"
+        for text, ps in by_text.items()
+    )
+    others = sorted(set(errors) - set(causes))
+    then = (
+        f" (then {'process' if len(others) == 1 else 'processes'} "
+        f"{', '.join(map(str, others))} gave up)"
+        if others
+        else ""
+    )
+    committed = rec.step is not None and is_complete(step_dir(root, rec.step))
+    outcome = (
+        "the step had been committed before the failure and is complete on disk"
+        if committed
+        else "nothing was committed for this step"
     )
     return SaveFailedError(
-        f"save of step {rec.step} ({rec.op}) failed on {who}: {failed[first]}; nothing was "
-        "committed for this step",
-        sorted(failed),
+        f"save of step {rec.step} ({rec.op}) failed on {what}{then}; {outcome}", sorted(errors)
     )
 
 
@@ -338,10 +378,60 @@ class CheckpointClient:
             left={r["process"]: r["left"] for r in results},
         )
 
+    def fault(
+        self,
+        kind: str,
+        process: int | None = None,
+        *,
+        at: str | None = None,
+        seconds: float | None = None,
+        factor: float | None = None,
+    ) -> dict[int, list[str]]:
+        """Arm (or list, or clear) a fault; see :mod:`nbckpt.engine.faults`.
+
+        ``kill``, ``stall``, ``slow-io`` and ``fail-io`` act on ``process`` only; ``list``
+        and ``clear`` on every process. Returns the faults armed, per process. A ``kill``
+        without ``at`` kills the process at once.
+        """
+        import ipyparallel as ipp
+
+        from nbckpt.engine import agent
+
+        n = len(self.cluster.engine_ids)
+        if kind in ("list", "clear"):
+            res = self.cluster.apply(agent.fault, kind, what=f"fault {kind}", timeout_s=30)
+            return dict(enumerate(res))
+        if process is None or not 0 <= process < n:
+            raise ValueError(f"--process must be one of 0..{n - 1}, got {process}")
+        self.cluster.check_alive()
+        engine = self.cluster.client[self.cluster.engine_ids[process]]
+        ar = engine.apply_async(agent.fault, kind, at=at, seconds=seconds, factor=factor)
+        try:
+            armed = ar.get(timeout=30)
+        except (ipp.error.EngineError, ipp.error.RemoteError) as e:
+            died = isinstance(e, ipp.error.EngineError) or getattr(e, "ename", "") == "EngineError"
+            if kind == "kill" and at is None and died:
+                return {process: ["killed"]}  # the answer we asked for
+            from nbckpt.cluster import engine_errors
+
+            raise engine_errors(e, self.cluster.ranks, f"fault {kind}") from None
+        return {process: list(armed)}
+
     def status(self) -> dict[str, Any]:
-        """The engines' reports and the saves this notebook started."""
+        """The engines' reports, their health and the saves this notebook started."""
+        health = self.cluster.health()
+        alive = [p for p, h in health.items() if h == "alive"]
+        engines = []
+        if alive and 0 in alive:
+            from nbckpt.engine import agent
+
+            view = self.cluster.client.direct_view(
+                targets=[self.cluster.engine_ids[p] for p in alive]
+            )
+            engines = list(view.apply_async(agent.status).get(timeout=30))
         return {
-            "engines": self.cluster.status(),
+            "health": health,
+            "engines": engines,
             "saves": [
                 {"op": h.op, "step": h.step, "root": h.root, "status": h.status()}
                 for h in self.handles

@@ -14,7 +14,7 @@ from typing import Any
 
 from nbckpt.errors import NbckptError
 
-__all__ = ["ClusterError", "JaxCluster", "engine_errors"]
+__all__ = ["ClusterError", "ClusterGoneError", "JaxCluster", "engine_errors"]
 
 
 class ClusterError(NbckptError):
@@ -23,6 +23,18 @@ class ClusterError(NbckptError):
     def __init__(self, message: str, processes: list[int] | None = None) -> None:
         self.processes = processes or []
         super().__init__(message)
+
+
+class ClusterGoneError(ClusterError):
+    """Process 0 died, and with it the coordination service and every JAX process."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "the JAX cluster is gone: process 0, which hosts the coordination service, "
+            "died and every JAX process ended with it; run %ckpt_cluster restart, then "
+            "%ckpt_restore VAR to resume from the latest complete step",
+            [0],
+        )
 
 
 def _short(text: str) -> str:
@@ -190,6 +202,7 @@ class JaxCluster:
         """
         import ipyparallel as ipp
 
+        self.check_alive()
         try:
             return list(self.view.apply_async(fn, *args, **kwargs).get(timeout=timeout_s))
         except (ipp.error.RemoteError, ipp.error.CompositeError, ipp.error.EngineError) as e:
@@ -240,6 +253,64 @@ class JaxCluster:
                 sorted(errors),
             )
         self.timings["jax_init_s"] = time.perf_counter() - t0
+
+    def dead_processes(self) -> list[int]:
+        """The processes whose engine is gone, as the ipyparallel controller sees it.
+
+        The controller drops an engine within about a second of its death (0.5 s
+        heartbeat), so this is cheap enough to poll.
+        """
+        if self.client is None:
+            return list(range(len(self.engine_ids)))
+        alive = set(self.client.ids)
+        return [rank for rank, eid in enumerate(self.engine_ids) if eid not in alive]
+
+    def check_alive(self) -> None:
+        """Raise if any process is dead.
+
+        Raises
+        ------
+        ClusterGoneError
+            Process 0 died: the whole JAX job is gone.
+        ClusterError
+            Some other process died; it names them.
+        """
+        dead = self.dead_processes()
+        if 0 in dead:
+            raise ClusterGoneError()
+        if dead:
+            who = ", ".join(map(str, dead))
+            raise ClusterError(
+                f"process(es) {who} died; the others are alive but a JAX job cannot take "
+                "a process back: run %ckpt_cluster restart, then %ckpt_restore VAR",
+                dead,
+            )
+
+    def health(self) -> dict[int, str]:
+        """``{process: "alive" | "dead"}`` from the controller and the engines' heartbeats."""
+        from nbckpt.engine import agent
+
+        dead = set(self.dead_processes())
+        view = {p: "dead" if p in dead else "alive" for p in range(len(self.engine_ids))}
+        if 0 in dead or len(dead) == len(view):
+            return {p: "dead" for p in view}
+        first = next(p for p in view if p not in dead)
+        try:
+            beats = self.client[self.engine_ids[first]].apply_async(agent.health_view)
+            for p, state in beats.get(timeout=5).items():
+                if state == "dead":
+                    view[int(p)] = "dead"
+        except Exception:  # the engines' view is extra; the controller's stands alone
+            pass
+        return view
+
+    def restart(self, timeout_s: float = 120.0) -> JaxCluster:
+        """Stop this cluster and start a fresh one with the same settings.
+
+        A JAX process cannot rejoin a job, so every engine is new.
+        """
+        self.stop()
+        return self.start(timeout_s)
 
     def status(self) -> list[dict[str, Any]]:
         """Each engine's report (process, devices, host, checkpointers), in rank order."""

@@ -92,8 +92,7 @@ class PeerDeadError(NbckptError):
         self.silent_s = silent_s
         super().__init__(
             f"{_names(self.processes)} died (no heartbeat for {silent_s:.1f} s) during "
-            f"{phase}; nothing was committed by this operation: restart the cluster and "
-            "restore the latest complete step"
+            f"{phase}; restart the cluster, then restore the latest complete step"
         )
 
 
@@ -112,17 +111,28 @@ class CheckpointError(NbckptError):
         The phase the operation was in when it failed.
     reason
         The underlying error text.
+    committed
+        True when the step was finalized before the failure (a process died after
+        the commit): the step is complete on disk.
     """
 
-    def __init__(self, op: str, step: int, process: int, phase: str, reason: str) -> None:
+    def __init__(
+        self, op: str, step: int, process: int, phase: str, reason: str, committed: bool = False
+    ) -> None:
         self.op = op
         self.step = step
         self.process = process
         self.phase = phase
         self.reason = reason
+        self.committed = committed
+        outcome = (
+            f"step {step} had been committed before the failure and is complete on disk"
+            if committed
+            else "nothing was committed for this step, earlier steps are untouched"
+        )
         super().__init__(
-            f"save of step {step} ({op}) failed on process {process} during {phase}: {reason}; "
-            "nothing was committed for this step, earlier steps are untouched"
+            f"save of step {step} ({op}) failed on process {process} during {phase}: "
+            f"{reason}; {outcome}"
         )
 
 

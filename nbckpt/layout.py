@@ -3,6 +3,7 @@
 A root holds::
 
     <root>/<step>/                    a step (complete, see below)
+    <root>/<step>/_CHECKSUMS/         CRC-32 of every chunk, one file per process
     <root>/<step>.nbckpt-tmp/         a save in progress, or one that was abandoned
     <root>/<step>.nbckpt-deleting/    a step being removed by retention
     <root>/.nbckpt/ops/<op>/process_<i>.jsonl   the journal of every operation
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 __all__ = [
+    "CHECKSUMS_DIR",
     "COMMIT_FILE",
     "Mode",
     "DELETING_SUFFIX",
@@ -44,6 +46,8 @@ TMP_SUFFIX = ".nbckpt-tmp"
 DELETING_SUFFIX = ".nbckpt-deleting"
 METADATA_FILE = "_CHECKPOINT_METADATA"
 COMMIT_FILE = "commit_success.txt"
+#: Per-process CRC-32 of every chunk written, ``<step>/_CHECKSUMS/process_<i>.json``.
+CHECKSUMS_DIR = "_CHECKSUMS"
 STATE_DIR = ".nbckpt"
 
 #: How a save is finalized: rename a temporary directory, or write a commit file.

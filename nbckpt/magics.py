@@ -14,6 +14,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from nbckpt.client import CheckpointClient, SaveHandle, list_steps
 from nbckpt.cluster import JaxCluster
+from nbckpt.protocol import PHASES
 
 __all__ = ["NbckptMagics", "load_ipython_extension"]
 
@@ -62,8 +63,9 @@ class NbckptMagics(Magics):
     @magic_arguments()
     @argument(
         "action",
-        choices=["start", "stop", "status", "attach"],
-        help="start a new cluster, attach to a running one, show it, or stop it",
+        choices=["start", "stop", "status", "attach", "restart"],
+        help="start a new cluster, attach to a running one, show it, stop it, or "
+        "restart it with fresh engines",
     )
     @argument("-n", type=int, default=4, help="number of engines / JAX processes (start)")
     @argument("--devices-per-process", type=int, default=1, help="CPU devices per process")
@@ -120,6 +122,18 @@ class NbckptMagics(Magics):
             seconds = self.cluster.stop()
             self.cluster = self.client = None
             print(f"cluster stopped in {seconds:.1f} s")
+        elif args.action == "restart":
+            if self.cluster is None:
+                raise UsageError(_NO_CLUSTER)
+            # A JAX process cannot rejoin a job: every engine is replaced.
+            self.cluster.restart()
+            self._client().handles.clear()
+            self.cluster.view.block = True
+            self.cluster.view.activate()
+            print(
+                f"{len(self.cluster.engine_ids)} fresh JAX processes ready in "
+                f"{self.cluster.timings['ready_s']:.1f} s; rebuild or %ckpt_restore your state"
+            )
         else:
             if self.cluster is None:
                 raise UsageError(_NO_CLUSTER)
@@ -232,6 +246,13 @@ class NbckptMagics(Magics):
             raise UsageError("%ckpt_status takes no arguments")
         st = self._client().status()
         print(f"default directory: {st['directory'] or '(none)'}")
+        health = st["health"]
+        print("health: " + ", ".join(f"process {p} {h}" for p, h in sorted(health.items())))
+        if health and health.get(0) == "dead":
+            print(
+                "the JAX cluster is gone (process 0 hosted the coordination service): "
+                "%ckpt_cluster restart"
+            )
         for e in st["engines"]:
             flying = [c["last_op"] for c in e["checkpointers"] if c["in_flight"]]
             print(
@@ -258,6 +279,79 @@ class NbckptMagics(Magics):
             print(f"no steps in {root}")
         for r in rows:
             print(f"{r['step']:>8}  {r['state']:<10}  {r['path']}")
+
+    @magic_arguments()
+    @argument(
+        "action",
+        choices=["kill", "stall", "slow-io", "fail-io", "list", "clear"],
+        help="what to inject (kill, stall, slow-io, fail-io), or list / clear",
+    )
+    @argument("--process", type=int, help="the process to act on (not for list / clear)")
+    @argument("--at", choices=list(PHASES), help="the phase at which the fault fires")
+    @argument("--seconds", type=float, help="how long a stall lasts")
+    @argument("--factor", type=float, help="how many times slower slow-io writes")
+    @line_magic
+    def ckpt_fault(self, line: str) -> None:
+        """Inject a fault into one process, for teaching and tests.
+
+        ``kill`` (now, or ``--at`` a phase), ``stall --at PHASE --seconds S``,
+        ``slow-io --factor F``, ``fail-io [--at PHASE]`` (an OSError); ``list`` shows
+        what is armed, ``clear`` disarms everything. Faults fire at the engine's own
+        phase boundaries: snapshot, prepare, barrier:tmp_ready, write,
+        barrier:write_complete, finalize, barrier:commit_complete.
+        """
+        args = parse_argstring(self.ckpt_fault, line)
+        client = self._client()
+        if args.action not in ("list", "clear") and args.process is None:
+            raise UsageError(f"%ckpt_fault {args.action} needs --process P")
+        if args.action == "stall" and (args.at is None or not args.seconds or args.seconds <= 0):
+            raise UsageError("%ckpt_fault stall needs --at PHASE and --seconds S > 0")
+        if args.action == "slow-io" and (args.factor is None or args.factor < 1):
+            raise UsageError("%ckpt_fault slow-io needs --factor F >= 1")
+        armed = self._run(
+            client.fault,
+            args.action,
+            args.process,
+            at=args.at,
+            seconds=args.seconds,
+            factor=args.factor,
+        )
+        if args.action == "clear":
+            print(f"cleared every fault on processes {', '.join(map(str, sorted(armed)))}")
+            return
+        for p, faults in sorted(armed.items()):
+            print(f"process {p}: {', '.join(faults) if faults else 'no faults'}")
+
+    @magic_arguments()
+    @argument("dir", nargs="?", help="checkpoint directory (default: the cluster's --dir)")
+    @argument("--clean", action="store_true", help="remove abandoned entries (only those)")
+    @argument(
+        "--verify",
+        action="store_true",
+        help="read every array of complete steps and check shapes and checksums",
+    )
+    @line_magic
+    def ckpt_fsck(self, line: str) -> None:
+        """Check a checkpoint directory: complete, in progress, abandoned, corrupt.
+
+        ``--clean`` removes abandoned entries and never a complete step; ``--verify``
+        recomputes every chunk's checksum recorded at save time.
+        """
+        from nbckpt.fsck import fsck
+
+        args = parse_argstring(self.ckpt_fsck, line)
+        root = args.dir
+        if root is None:
+            if self.client is None or self.client.directory is None:
+                raise UsageError(
+                    "%ckpt_fsck needs a directory: %ckpt_fsck DIR, or start the cluster with --dir"
+                )
+            root = self.client.directory
+        try:
+            report = fsck(root, clean=args.clean, verify=args.verify)
+        except FileNotFoundError as e:
+            raise UsageError(str(e)) from None
+        print(report.table())
 
 
 def load_ipython_extension(ipython: Any) -> None:

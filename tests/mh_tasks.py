@@ -241,3 +241,23 @@ def save_and_time_failure(root: str, step: int, **options: Any) -> dict[str, Any
     except NbckptError as e:
         return {"error": str(e), "t": time.time(), "type": type(e).__name__}
     return {"error": None, "t": time.time()}
+
+
+def arm_kill_with_marker(process: int, phase: str, marker: str) -> None:
+    """On ``process``, record the time and SIGKILL itself when ``phase`` starts."""
+    import signal
+
+    hooks.clear_hooks()
+    if jax.process_index() != process:
+        return
+
+    def die(_phase: str) -> None:
+        with open(marker, "w") as f:
+            f.write(str(time.time()))
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    hooks.set_hook(phase, die)
+
+
+def slow_writes(factor: float) -> None:
+    hooks.set_io_slowdown(factor)

@@ -13,6 +13,7 @@ import socket
 import time
 from typing import Any
 
+from nbckpt.engine import faults, health
 from nbckpt.engine.checkpointer import AsyncCheckpointer
 from nbckpt.engine.sync import Synchronizer, default_client, next_sequence
 from nbckpt.errors import CheckpointError
@@ -21,6 +22,8 @@ from nbckpt.layout import Mode
 
 __all__ = [
     "barrier",
+    "fault",
+    "health_view",
     "info",
     "initialize",
     "pick_port",
@@ -76,6 +79,7 @@ def initialize(
         )
     jax.devices()  # settles the backend on every process at the same point
     _initialized.update(coordinator=coordinator, num_processes=num_processes)
+    health.monitor_for(default_client())  # heartbeats from the start, not the first save
     return info()
 
 
@@ -226,14 +230,42 @@ def barrier(
     return {"process": sync.process_index, "entered": entered, "left": left, "key": f"{op}/{name}"}
 
 
+def health_view() -> dict[int, str]:
+    """This process's view of who is alive, from the key-value heartbeats."""
+    return health.monitor_for(default_client()).view()
+
+
 def status() -> dict[str, Any]:
     """Report this process's checkpointers: root, last operation, whether in flight."""
     out = info()
+    out["health"] = health_view()
     out["checkpointers"] = [
         {"root": path, "mode": mode, "last_op": c.last_op, "in_flight": c.in_flight()}
         for (path, mode, _t), c in _checkpointers.items()
     ]
     return out
+
+
+def fault(
+    kind: str, *, at: str | None = None, seconds: float | None = None, factor: float | None = None
+) -> list[str]:
+    """Arm a fault in this process (see :mod:`nbckpt.engine.faults`); return all armed.
+
+    ``kind`` is ``kill``, ``stall``, ``slow-io``, ``fail-io``, ``clear`` or ``list``.
+    """
+    if kind == "kill":
+        faults.kill(at)
+    elif kind == "stall":
+        faults.stall(at or "write", seconds or 1.0)
+    elif kind == "slow-io":
+        faults.slow_io(factor or 1.0)
+    elif kind == "fail-io":
+        faults.fail_io(at or "write")
+    elif kind == "clear":
+        faults.clear()
+    elif kind != "list":
+        raise ValueError(f"unknown fault {kind!r}; one of kill, stall, slow-io, fail-io")
+    return faults.list_faults()
 
 
 def shutdown() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import threading
 import time
@@ -30,6 +31,7 @@ from nbckpt.errors import (
 )
 from nbckpt.journal import JournalWriter
 from nbckpt.layout import (
+    CHECKSUMS_DIR,
     COMMIT_FILE,
     DELETING_SUFFIX,
     METADATA_FILE,
@@ -88,6 +90,34 @@ def _write_durable(path: Path, text: str) -> None:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
+
+
+_ADVICE = (
+    (
+        ("No space left", "ENOSPC", "errno 28"),
+        "the disk holding {root} is full: free space or save to another directory",
+    ),
+    (
+        ("Permission denied", "EACCES", "Read-only file system", "EROFS"),
+        "a file or directory under {root} is not writable: fix its permissions",
+    ),
+    (
+        ("No such file or directory", "ENOENT", "does not exist"),
+        "a directory under {root} vanished during the save: check what removed it, then save again",
+    ),
+)
+
+
+# tensorstore appends its whole JSON spec to errors; the path is already in the text.
+_TS_SPEC = re.compile(r"\s*\[tensorstore_spec='.*'\]", re.DOTALL)
+
+
+def _advice(reason: str, root: Path) -> str:
+    """Say what to do about a storage error, from its text (tensorstore wraps errno)."""
+    for needles, advice in _ADVICE:
+        if any(n in reason for n in needles):
+            return "; " + advice.format(root=root)
+    return ""
 
 
 def _probe_writable(root: Path, process: int) -> None:
@@ -218,8 +248,9 @@ class AsyncCheckpointer:
             hooks.fire("snapshot")
             snap = take_snapshot(leaves, process=me, process_count=n, primary=self.options.primary)
         except BaseException as e:
-            self._sync.signal_failure(op, f"{type(e).__name__}: {e} (during snapshot)")
+            # Journal before telling the peers, so the cause is the first failure on record.
             journal.emit("failed", error=f"{type(e).__name__}: {e}", phase="snapshot")
+            self._sync.signal_failure(op, f"{type(e).__name__}: {e} (during snapshot)")
             raise
         journal.emit("snapshot_done", bytes=snap.nbytes)
         self.last_op = op
@@ -415,12 +446,17 @@ class AsyncCheckpointer:
                 self._health.check("write")
                 self._sync.check_failures(op)
 
+            checksums: dict[str, dict[str, int]] = {}
             written = write_shards(
                 work,
                 snap,
                 progress=lambda b: journal.emit("write_progress", bytes=b),
                 watch=watch,
+                checksums=checksums,
             )
+            sums = work / CHECKSUMS_DIR
+            sums.mkdir(exist_ok=True)
+            _write_durable(sums / f"process_{me}.json", json.dumps(checksums))
             journal.emit("write_done", bytes=written)
             enter("barrier:write_complete")
             self._barrier(journal, op, "write_complete")
@@ -437,11 +473,16 @@ class AsyncCheckpointer:
                 self._apply_retention(self.options.max_to_keep)
         except BaseException as e:
             reason = str(e) if isinstance(e, NbckptError) else f"{type(e).__name__}: {e}"
+            reason = _TS_SPEC.sub("", reason)
+            reason += _advice(reason, self.root)
+            # Past the finalize, the step may be complete although a peer then failed.
+            committed = phase == "barrier:commit_complete" and is_complete(final)
+            # Journal before telling the peers, so the cause is the first failure on record.
+            journal.emit("failed", error=reason, phase=phase, committed=committed)
             if not isinstance(e, PeerFailedError | PeerDeadError):
                 self._sync.signal_failure(op, f"{reason} (during {phase})")
-            journal.emit("failed", error=reason, phase=phase)
             with self._lock:
-                self._error = CheckpointError(op, step, me, phase, reason)
+                self._error = CheckpointError(op, step, me, phase, reason, committed)
         finally:
             journal.close()
 

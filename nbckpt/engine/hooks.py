@@ -12,17 +12,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+from nbckpt.protocol import PHASES
+
 __all__ = ["PHASES", "clear_hooks", "fire", "io_slowdown", "set_hook", "set_io_slowdown"]
 
-PHASES = (
-    "snapshot",
-    "prepare",
-    "barrier:tmp_ready",
-    "write",
-    "barrier:write_complete",
-    "finalize",
-    "barrier:commit_complete",
-)
 
 _hooks: dict[str, Callable[[str], None]] = {}
 _lock = threading.Lock()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from nbckpt.engine import hooks
 from nbckpt.engine.snapshot import Snapshot
 from nbckpt.engine.storage import create_array, open_array
 
-__all__ = ["chunk_regions", "create_arrays", "write_shards"]
+__all__ = ["chunk_crc32", "chunk_key", "chunk_regions", "create_arrays", "write_shards"]
 
 
 def create_arrays(directory: Path, snap: Snapshot) -> None:
@@ -26,6 +27,19 @@ def create_arrays(directory: Path, snap: Snapshot) -> None:
         create_array(
             directory / meta["name"], meta["shape"], np.dtype(meta["dtype"]), meta["chunks"]
         )
+
+
+def chunk_key(region: tuple[slice, ...], chunks: Sequence[int]) -> str:
+    """Return the zarr key of the chunk at ``region`` (``"0"`` for a 0-d array)."""
+    if not region:
+        return "0"
+    return ".".join(str(sl.start // max(1, c)) for sl, c in zip(region, chunks, strict=True))
+
+
+def chunk_crc32(data: np.ndarray) -> int:
+    """CRC-32 of an array's bytes in C order (what fsck --verify recomputes)."""
+    flat = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+    return zlib.crc32(flat.data)
 
 
 def chunk_regions(
@@ -71,6 +85,7 @@ def write_shards(
     progress_interval_s: float = 0.2,
     watch: Callable[[], None] | None = None,
     watch_interval_s: float = 0.5,
+    checksums: dict[str, dict[str, int]] | None = None,
 ) -> int:
     """Write this process's shards into the arrays under ``directory``.
 
@@ -78,7 +93,8 @@ def write_shards(
     only once its file is fsync'd. ``progress`` receives the bytes committed so far, at
     most every ``progress_interval_s`` seconds and once at the end. ``watch`` runs
     every ``watch_interval_s`` seconds while writes are pending; it raises to abort
-    (a dead or failed peer).
+    (a dead or failed peer). ``checksums``, if given, receives the CRC-32 of every
+    chunk written, by leaf and zarr chunk key (``"0.3"``), for fsck to verify later.
 
     Returns
     -------
@@ -99,6 +115,10 @@ def write_shards(
             part = host[local]
             fut = store[glob].write(part, can_reference_source_data_indefinitely=True)
             pending.append((fut, math.prod(part.shape) * itemsize))
+            if checksums is not None:
+                # Computed while tensorstore's threads write the chunk (crc32 drops the GIL).
+                key = chunk_key(glob, chunks_of[w.leaf])
+                checksums.setdefault(w.leaf, {})[key] = chunk_crc32(part)
     written = 0
     last = time.monotonic()
     t_prev = time.monotonic()

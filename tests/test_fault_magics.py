@@ -1,0 +1,128 @@
+"""%ckpt_fault, the health view and recovery, over a real cluster of JAX engines."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+
+from nbckpt.client import SaveFailedError
+from nbckpt.cluster import ClusterError, ClusterGoneError
+
+pytestmark = pytest.mark.multihost
+
+BUILD = """
+import jax, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+mesh = Mesh(np.array(jax.devices()), ("data",))
+full = np.arange(48 * 8, dtype=np.float32).reshape(48, 8)
+state = {"w": jax.make_array_from_callback((48, 8), NamedSharding(mesh, P("data")),
+                                           lambda idx: full[idx])}
+"""
+CHECK = """
+ok = all(np.array_equal(s.data, full[s.index]) for s in restored["w"].addressable_shards)
+"""
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "nbckpt")
+    root = tmp_path_factory.mktemp("faults")
+    ip.run_line_magic("ckpt_cluster", f"start -n 3 --dir {root}")
+    magics = ip.magics_manager.registry["NbckptMagics"]
+    ip.run_cell_magic("px", "", BUILD)
+    yield {"ip": ip, "root": root, "magics": magics}
+    if magics.cluster is not None:
+        magics.cluster.stop()
+        magics.cluster = magics.client = None
+
+
+@pytest.mark.parametrize(
+    "line,message",
+    [
+        ("kill", "needs --process"),
+        ("stall --process 1 --seconds 2", "needs --at PHASE"),
+        ("stall --process 1 --at write", "--seconds"),
+        ("slow-io --process 0 --factor 0.5", "--factor F >= 1"),
+        ("fail-io --process 1 --at nowhere", "invalid choice"),
+        ("explode --process 1", "invalid choice"),
+        ("kill --process 7", "one of 0..2"),
+    ],
+)
+def test_fault_usage_errors(env, line, message):
+    with pytest.raises(UsageError, match=message):
+        env["ip"].run_line_magic("ckpt_fault", line)
+
+
+def test_stall_slow_io_list_and_clear(env, capsys):
+    ip = env["ip"]
+    ip.run_line_magic("ckpt_fault", "stall --process 1 --at barrier:write_complete --seconds 1.5")
+    ip.run_line_magic("ckpt_fault", "slow-io --process 2 --factor 3")
+    ip.run_line_magic("ckpt_fault", "list")
+    out = capsys.readouterr().out
+    assert "process 1: stall 1.5 s at barrier:write_complete" in out
+    assert "process 2: slow-io x3" in out and "process 0: no faults" in out
+    t0 = time.monotonic()
+    ip.run_line_magic("ckpt_save", "state --step 1 --wait")
+    assert time.monotonic() - t0 >= 1.5  # the stalled process held the barrier
+    assert "step 1 committed" in capsys.readouterr().out
+    ip.run_line_magic("ckpt_fault", "clear")
+    ip.run_line_magic("ckpt_fault", "list")
+    assert capsys.readouterr().out.count("no faults") == 3
+
+
+def test_fail_io_names_the_process(env):
+    ip = env["ip"]
+    ip.run_line_magic("ckpt_fault", "fail-io --process 1")
+    try:
+        with pytest.raises(SaveFailedError, match=r"process 1: OSError: .*injected I/O error"):
+            ip.run_line_magic("ckpt_save", "state --step 2 --wait")
+    finally:
+        ip.run_line_magic("ckpt_fault", "clear")
+    assert not (env["root"] / "2").exists()
+
+
+def test_kill_then_status_restart_and_restore(env, capsys):
+    ip, magics = env["ip"], env["magics"]
+    ip.run_line_magic("ckpt_fault", "kill --process 2 --at write")
+    handle = ip.run_line_magic("ckpt_save", "state --step 3")
+    t0 = time.monotonic()
+    with pytest.raises(SaveFailedError, match="process 2 died"):
+        handle.wait(timeout_s=60)
+    assert time.monotonic() - t0 < 10
+    capsys.readouterr()
+    ip.run_line_magic("ckpt_status", "")
+    out = capsys.readouterr().out
+    assert "process 2 dead" in out and "process 0 alive" in out
+    with pytest.raises(ClusterError, match=r"process\(es\) 2 died"):
+        ip.run_line_magic("ckpt_save", "state --step 4")
+    ip.run_line_magic("ckpt_cluster", "restart")
+    assert "fresh JAX processes ready" in capsys.readouterr().out
+    ip.run_line_magic("ckpt_restore", "restored")
+    assert "restored step 1" in capsys.readouterr().out
+    ip.run_cell_magic("px", "", BUILD + CHECK)
+    assert magics.cluster.view.apply_sync(_get_ok) == [True, True, True]
+
+
+def test_process_0_death_is_reported_within_2_s(env, capsys):
+    ip, magics = env["ip"], env["magics"]
+    ip.run_line_magic("ckpt_fault", "kill --process 0")
+    t0 = time.monotonic()
+    while 0 not in magics.cluster.dead_processes() and time.monotonic() - t0 < 10:
+        time.sleep(0.05)
+    assert time.monotonic() - t0 < 2.0
+    with pytest.raises(ClusterGoneError, match="the JAX cluster is gone"):
+        ip.run_line_magic("ckpt_save", "state --step 9")
+    capsys.readouterr()
+    ip.run_line_magic("ckpt_status", "")
+    out = capsys.readouterr().out
+    assert "the JAX cluster is gone" in out and "%ckpt_cluster restart" in out
+
+
+def _get_ok():
+    import ipyparallel
+
+    return ipyparallel.interactive(lambda: ok)()  # noqa: F821 - defined on the engines
