@@ -16,7 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nbckpt.cluster import ClusterError, ClusterGoneError, JaxCluster
+from nbckpt.cluster import (
+    ENGINE_DIED,
+    ClusterError,
+    ClusterGoneError,
+    JaxCluster,
+    errors_by_process,
+)
 from nbckpt.journal import OperationRecord, read_operation
 from nbckpt.layout import TMP_SUFFIX, Mode, all_steps, is_complete, parse_step, step_dir
 
@@ -276,7 +282,7 @@ class CheckpointClient:
         acknowledged = tuple(sorted(self._acknowledged))
         # The engines' own deadline (timeout_s) bounds their blocking part; the margin
         # lets their error, rather than a client timeout, come back.
-        results = self.cluster.apply(
+        outcomes = self.cluster.apply_each(
             _interactive(_engine_save),
             var,
             step,
@@ -286,9 +292,14 @@ class CheckpointClient:
             timeout_s,
             acknowledged,
             _call_key(),
-            what=f"save of {var!r} as step {step}",
             timeout_s=timeout_s + 60,
         )
+        errors = {rank: res for rank, (ok, res) in enumerate(outcomes) if not ok}
+        results = [res for ok, res in outcomes if ok]
+        # An engine that died after its snapshot (a kill at an early phase) does not
+        # stop the save: the others go on, and the journal and the handle report it.
+        if errors and (not results or any(t != ENGINE_DIED for t in errors.values())):
+            raise errors_by_process(f"save of {var!r} as step {step}", errors)
         handle = SaveHandle(
             op=results[0]["op"],
             step=step,

@@ -14,7 +14,14 @@ from typing import Any
 
 from nbckpt.errors import NbckptError
 
-__all__ = ["ClusterError", "ClusterGoneError", "JaxCluster", "engine_errors"]
+__all__ = [
+    "ENGINE_DIED",
+    "ClusterError",
+    "ClusterGoneError",
+    "JaxCluster",
+    "engine_errors",
+    "errors_by_process",
+]
 
 
 class ClusterError(NbckptError):
@@ -42,6 +49,43 @@ def _short(text: str) -> str:
     return lines[-1] if lines else str(text)
 
 
+#: How an engine's death reads in an error.
+ENGINE_DIED = "EngineError: the engine died (its process exited)"
+
+
+def _error_text(exc: BaseException) -> str:
+    """One line for one engine's error (a RemoteError, or an EngineError on death)."""
+    ename = getattr(exc, "ename", None)
+    text = (
+        f"{ename}: {_short(getattr(exc, 'evalue', ''))}"
+        if ename
+        else (f"{type(exc).__name__}: {_short(str(exc))}")
+    )
+    return ENGINE_DIED if "died while running" in text or ename == "EngineError" else text
+
+
+def errors_by_process(what: str, errors: dict[int, str]) -> ClusterError:
+    """One :class:`ClusterError` for per-process error texts, grouping equal texts.
+
+    ``-1`` stands for an engine that could not be matched to a process.
+    """
+    by_text: dict[str, list[int]] = {}
+    for rank, text in sorted(errors.items()):
+        by_text.setdefault(text, []).append(rank)
+    parts = []
+    for text, rs in by_text.items():
+        known = [r for r in rs if r >= 0]
+        if len(known) == 1:
+            who = f"process {known[0]}"
+        elif known:
+            who = "processes " + ", ".join(map(str, known))
+        else:
+            who = "an engine"
+        parts.append(f"{who}: {text}")
+    procs = sorted(r for r in errors if r >= 0)
+    return ClusterError(f"{what} failed on " + "; ".join(parts), procs)
+
+
 def engine_errors(exc: BaseException, ranks: dict[int, int], what: str) -> ClusterError:
     """Turn an ipyparallel error into one :class:`ClusterError` that names processes.
 
@@ -56,33 +100,17 @@ def engine_errors(exc: BaseException, ranks: dict[int, int], what: str) -> Clust
     """
     import ipyparallel as ipp
 
-    by_text: dict[str, list[int]] = {}
     if isinstance(exc, ipp.error.CompositeError):
         items = [(e[3].get("engine_id"), f"{e[0]}: {_short(e[1])}") for e in exc.elist]
-    elif isinstance(exc, ipp.error.RemoteError):
-        eid = (getattr(exc, "engine_info", None) or {}).get("engine_id")
-        items = [(eid, f"{exc.ename}: {_short(exc.evalue)}")]
+        items = [(eid, ENGINE_DIED if "died while running" in t else t) for eid, t in items]
     else:
-        items = [(None, f"{type(exc).__name__}: {_short(str(exc))}")]
-    for eid, text in items:
-        if "died while running" in text:
-            text = "EngineError: the engine died (its process exited)"
+        eid = (getattr(exc, "engine_info", None) or {}).get("engine_id")
+        items = [(eid, _error_text(exc))]
+    errors: dict[int, str] = {}
+    for n, (eid, text) in enumerate(items):
         rank = ranks.get(eid, -1) if eid is not None else -1
-        by_text.setdefault(text, []).append(rank)
-    parts = []
-    procs: list[int] = []
-    for text, rs in by_text.items():
-        known = sorted(r for r in rs if r >= 0)
-        procs.extend(known)
-        who = (
-            "process " + str(known[0])
-            if len(known) == 1
-            else "processes " + ", ".join(map(str, known))
-            if known
-            else "an engine"
-        )
-        parts.append(f"{who}: {text}")
-    return ClusterError(f"{what} failed on " + "; ".join(parts), sorted(set(procs)))
+        errors[rank if rank >= 0 else -1 - n] = text
+    return errors_by_process(what, errors)
 
 
 @dataclass
@@ -189,6 +217,28 @@ class JaxCluster:
             self._join(timeout_s)
         return self
 
+    def apply_each(
+        self, fn: Any, *args: Any, timeout_s: float | None = 120.0, **kwargs: Any
+    ) -> list[tuple[bool, Any]]:
+        """Run ``fn`` on every engine; per process, ``(True, result)`` or ``(False, text)``.
+
+        Unlike :meth:`apply` it never raises for an engine's error, so a caller can keep
+        what the other engines returned (a save goes on when one engine died).
+        """
+        import ipyparallel as ipp
+
+        self.check_alive()
+        pending = [self.client[eid].apply_async(fn, *args, **kwargs) for eid in self.engine_ids]
+        out: list[tuple[bool, Any]] = []
+        for ar in pending:
+            try:
+                out.append((True, ar.get(timeout=timeout_s)))
+            except (ipp.error.RemoteError, ipp.error.EngineError) as e:
+                out.append((False, _error_text(e)))
+            except ipp.error.TimeoutError:
+                out.append((False, f"no answer within {timeout_s} s"))
+        return out
+
     def apply(
         self, fn: Any, *args: Any, what: str, timeout_s: float | None = 120.0, **kwargs: Any
     ) -> list[Any]:
@@ -197,21 +247,14 @@ class JaxCluster:
         Raises
         ------
         ClusterError
-            If it raised on any engine (the message names the processes), or the
-            engines did not answer within ``timeout_s``.
+            If it raised on any engine (the message names the processes), or an engine
+            did not answer within ``timeout_s``.
         """
-        import ipyparallel as ipp
-
-        self.check_alive()
-        try:
-            return list(self.view.apply_async(fn, *args, **kwargs).get(timeout=timeout_s))
-        except (ipp.error.RemoteError, ipp.error.CompositeError, ipp.error.EngineError) as e:
-            raise engine_errors(e, self.ranks, what) from None
-        except ipp.error.TimeoutError:
-            raise ClusterError(
-                f"{what}: no answer from the engines within {timeout_s:g} s; "
-                "check %ckpt_cluster status"
-            ) from None
+        outcomes = self.apply_each(fn, *args, timeout_s=timeout_s, **kwargs)
+        errors = {rank: res for rank, (ok, res) in enumerate(outcomes) if not ok}
+        if errors:
+            raise errors_by_process(what, errors)
+        return [res for _ok, res in outcomes]
 
     def _join(self, timeout_s: float) -> None:
         """Run ``jax.distributed.initialize`` on every engine at once."""

@@ -16,7 +16,7 @@ from nbckpt.client import CheckpointClient, SaveHandle, list_steps
 from nbckpt.cluster import JaxCluster
 from nbckpt.protocol import PHASES
 
-__all__ = ["NbckptMagics", "load_ipython_extension"]
+__all__ = ["NbckptMagics", "get_client", "load_ipython_extension"]
 
 _NO_CLUSTER = "no nbckpt cluster yet: start one with %ckpt_cluster start -n 4 --dir DIR"
 
@@ -352,6 +352,27 @@ class NbckptMagics(Magics):
         except FileNotFoundError as e:
             raise UsageError(str(e)) from None
         print(report.table())
+
+
+def get_client() -> CheckpointClient:
+    """Return the client behind the magics of this IPython session.
+
+    For going past the magics in a notebook: ``get_client().cluster.view`` is the
+    DirectView on every engine, ``get_client().handles`` the saves started so far.
+
+    Raises
+    ------
+    UsageError
+        If no cluster was started with ``%ckpt_cluster``.
+    """
+    from IPython.core.getipython import get_ipython
+
+    shell = get_ipython()
+    magics = shell.magics_manager.registry.get("NbckptMagics") if shell is not None else None
+    if magics is None or magics.client is None:
+        raise UsageError(_NO_CLUSTER)
+    client: CheckpointClient = magics.client
+    return client
 
 
 def load_ipython_extension(ipython: Any) -> None:
