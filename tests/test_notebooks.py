@@ -34,5 +34,11 @@ def test_notebook_runs(path, tmp_path):
         assert "cluster stopped" in joined
 
 
-def test_there_are_notebooks():
-    assert [p.stem for p in NOTEBOOKS][:1] == ["01_quickstart"]
+def test_every_teaching_notebook_is_there():
+    assert [p.stem for p in NOTEBOOKS] == [
+        "01_quickstart",
+        "02_barriers",
+        "03_async_save",
+        "04_atomicity_and_failures",
+        "05_restore_topology",
+    ]
