@@ -23,8 +23,9 @@ from nbckpt.cluster import (
     JaxCluster,
     errors_by_process,
 )
+from nbckpt.inventory import classify
 from nbckpt.journal import OperationRecord, read_operation
-from nbckpt.layout import TMP_SUFFIX, Mode, all_steps, is_complete, parse_step, step_dir
+from nbckpt.layout import Mode, is_complete, step_dir
 
 __all__ = ["BarrierReport", "CheckpointClient", "SaveFailedError", "SaveHandle", "list_steps"]
 
@@ -456,7 +457,7 @@ class CheckpointClient:
 
 
 def list_steps(root: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """List a root's complete steps and its temporary (incomplete) directories.
+    """List every entry of a root with its state (see :mod:`nbckpt.inventory`).
 
     Raises
     ------
@@ -466,10 +467,7 @@ def list_steps(root: str | os.PathLike[str]) -> list[dict[str, Any]]:
     path = Path(root).absolute()
     if not path.is_dir():
         raise FileNotFoundError(f"no directory {path}; check the path, or save there first")
-    rows = [{"step": s, "state": "complete", "path": str(path / str(s))} for s in all_steps(path)]
-    for entry in sorted(path.iterdir()):
-        if entry.name.endswith(TMP_SUFFIX):
-            step = parse_step(entry.name.removesuffix(TMP_SUFFIX))
-            if step is not None:
-                rows.append({"step": step, "state": "incomplete", "path": str(entry)})
-    return sorted(rows, key=lambda r: (r["step"], r["state"]))
+    return [
+        {"step": e.step, "state": e.state, "path": str(path / e.path), "reason": e.reason}
+        for e in classify(path)
+    ]

@@ -278,7 +278,7 @@ class NbckptMagics(Magics):
         if not rows:
             print(f"no steps in {root}")
         for r in rows:
-            print(f"{r['step']:>8}  {r['state']:<10}  {r['path']}")
+            print(f"{r['step']:>8}  {r['state']:<11}  {r['path']}  ({r['reason']})")
 
     @magic_arguments()
     @argument(

@@ -16,6 +16,7 @@ from nbckpt.engine import AsyncCheckpointer
 from nbckpt.errors import CheckpointError
 from nbckpt.layout import all_steps, latest_step
 from nbckpt.procgroup import ProcessGroup
+from nbckpt.protocol import PHASES
 from tests.conftest import _ENV
 
 pytestmark = pytest.mark.multihost
@@ -34,18 +35,7 @@ def _load_stress():
 
 # Process 1 is the primary here, so that killing it at "prepare" or "finalize" kills the
 # process that finalizes while the coordination service (process 0) lives on.
-@pytest.mark.parametrize(
-    "phase",
-    [
-        "snapshot",
-        "prepare",
-        "barrier:tmp_ready",
-        "write",
-        "barrier:write_complete",
-        "finalize",
-        "barrier:commit_complete",
-    ],
-)
+@pytest.mark.parametrize("phase", PHASES)
 def test_killing_a_process_at_each_phase(phase, tmp_path):
     root = str(tmp_path / "root")
     marker = str(tmp_path / "died_at")
