@@ -161,8 +161,12 @@ def _process_view(
     elif any(s.status == "open" for s in rec.phases):
         view.phase = [s for s in rec.phases if s.status == "open"][-1].name
     elif rec.events:
-        last = str(rec.events[-1].get("event"))
-        view.phase = _AFTER.get(last, last)
+        last = rec.events[-1]
+        name = str(last.get("event"))
+        if name == "barrier_exit":
+            view.phase = f"barrier:{last.get('name')} released"
+        else:
+            view.phase = _AFTER.get(name, name)
     # A save's write bar has a total from the snapshot; a restore's from read_done.
     if kind != "save" and view.bytes_total == 0:
         view.bytes_total = view.bytes_written
