@@ -217,3 +217,32 @@ def test_timeline_of_a_failed_save_marks_the_error(tmp_path):
 def test_timeline_needs_an_op_with_a_root(tmp_path):
     with pytest.raises(ValueError, match="name the operation"):
         plot_timeline(tmp_path)
+
+
+def test_show_and_timeline_magics_read_a_journal_without_any_cluster(tmp_path, capsys):
+    from IPython.core.error import UsageError
+    from IPython.core.interactiveshell import InteractiveShell
+    from matplotlib.figure import Figure
+
+    from nbckpt.magics import NbckptMagics
+
+    magics = NbckptMagics(InteractiveShell.instance())  # as after a kernel restart
+    write_script(tmp_path, "20261121T000001-save-7", failing_save())
+    write_script(tmp_path, "20261121T000002-save-8", SAVE, step=8)
+    magics.ckpt_show(f"--dir {tmp_path}")  # the newest operation
+    assert capsys.readouterr().out.startswith("save of step 8 (20261121T000002-save-8): committed")
+    magics.ckpt_status(f"20261121T000001-save-7 --dir {tmp_path}")
+    out = capsys.readouterr().out
+    assert "failed during write: OSError: disk on fire" in out
+    fig = magics.ckpt_timeline(f"20261121T000001-save-7 --dir {tmp_path} --save {tmp_path}/t.png")
+    assert isinstance(fig, Figure) and (tmp_path / "t.png").stat().st_size > 0
+    for line, message in [
+        ("", "pass --dir"),
+        (f"nope --dir {tmp_path}", "no operation 'nope'"),
+        (f"--dir {tmp_path / 'empty'}", "no journaled operations"),
+    ]:
+        with pytest.raises(UsageError, match=message):
+            magics.ckpt_timeline(line)
+    doc = magics.ckpt_timeline.__doc__
+    assert "--save FILE.png" in doc and "--dir" in doc
+    assert "--quiet" in magics.ckpt_save.__doc__

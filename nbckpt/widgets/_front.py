@@ -84,9 +84,9 @@ CSS = """
 .nbckpt-w-fill { height: 100%; background: #1e88e5; transition: width 0.2s; }
 .nbckpt-w-committed .nbckpt-w-fill { background: #43a047; }
 .nbckpt-w-failed .nbckpt-w-fill { background: #e53935; }
-.nbckpt-w td.nbckpt-w-barriers { white-space: normal; max-width: 560px; }
-.nbckpt-w-barrier { display: inline-block; margin-bottom: 2px; margin-right: 4px; padding: 0 4px; border-radius: 3px;
-  background: #eceff1; }
+.nbckpt-w td.nbckpt-w-barriers { white-space: normal; max-width: 420px; }
+.nbckpt-w-barrier { display: inline-block; margin: 0 4px 2px 0; padding: 0 4px;
+  border-radius: 3px; background: #eceff1; white-space: nowrap; }
 .nbckpt-w-barrier[data-state="waiting"] { background: #fff3e0; color: #e65100; }
 .nbckpt-w-status { font-weight: 600; margin-right: 6px; }
 .nbckpt-w-committed .nbckpt-w-status, .nbckpt-w-restored .nbckpt-w-status { color: #2e7d32; }
