@@ -223,9 +223,13 @@ class NbckptMagics(Magics):
         client = self._client()
         key = uuid.uuid4().hex[:16]
         journaled = self._barrier_view(client, args.name, key)
-        report = self._run(
-            client.barrier, args.name, timeout_s=args.timeout, processes=processes, key=key
-        )
+        try:
+            report = self._run(
+                client.barrier, args.name, timeout_s=args.timeout, processes=processes, key=key
+            )
+        except BaseException:
+            self._drop_view_without_journal(key)
+            raise
         if not journaled:
             self._show_barrier(report)
         print(report.table())
@@ -316,6 +320,12 @@ class NbckptMagics(Magics):
         self._views()[key] = watch(client.directory, f"*-barrier-{key}-{name}")
         return True
 
+    def _drop_view_without_journal(self, key: str) -> None:
+        """Stop following a barrier that failed before any engine journaled it."""
+        widget = self._views().get(key)
+        if widget is not None and widget.live is not None and widget.live.tailer.event_count == 0:
+            widget.live.stop()
+
     def _show_barrier(self, report: Any) -> None:
         """Show a finished barrier without a journal, from the times the engines sent."""
         if not self._in_kernel():
@@ -336,7 +346,7 @@ class NbckptMagics(Magics):
             ]
             for p, t in report.entered.items()
         }
-        display(ProgressWidget(view_state(merge_events(f"barrier-{report.key}", events))))
+        display(ProgressWidget(view_state(merge_events(report.key, events))))
 
     def _operation(self, op: str | None, directory: str | None) -> tuple[str, str]:
         """Resolve ``(root, op)`` from an op id or folder, --dir, and this session's saves."""
