@@ -354,9 +354,19 @@ class CheckpointClient:
         )
 
     def barrier(
-        self, name: str, *, timeout_s: float = 60.0, processes: list[int] | None = None
+        self,
+        name: str,
+        *,
+        timeout_s: float = 60.0,
+        processes: list[int] | None = None,
+        key: str | None = None,
     ) -> BarrierReport:
-        """Wait at a coordination-service barrier on the engines; report the timings."""
+        """Wait at a coordination-service barrier on the engines; report the timings.
+
+        ``key`` (default: a fresh one) makes the use unique; with a default directory
+        the barrier is journaled as ``<time>-barrier-<key>-<name>``, so a caller that
+        picks the key can follow it while it waits.
+        """
         from nbckpt.engine import agent
 
         n = len(self.cluster.engine_ids)
@@ -377,7 +387,7 @@ class CheckpointClient:
                 timeout_s=timeout_s,
                 processes=processes,
                 root=self.directory,
-                key=_call_key(),
+                key=key or _call_key(),
             ).get(timeout=timeout_s + 30)
         except (ipp.error.RemoteError, ipp.error.CompositeError) as e:
             from nbckpt.cluster import engine_errors

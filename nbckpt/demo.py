@@ -20,6 +20,7 @@ from typing import Any
 
 from nbckpt.journal import OperationRecord, read_operation
 from nbckpt.procgroup import ProcessGroup
+from nbckpt.widgets.text import FollowNew
 
 __all__ = ["main", "phase_table"]
 
@@ -222,7 +223,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  processes joined by jax.distributed in {time.perf_counter() - t0:.1f} s")
             nbytes = group.run("nbckpt.demo:_worker_build", args.mib)[0]
             print(f"  state built: {nbytes / 2**20:.0f} MiB sharded over all devices")
-            trained = group.run("nbckpt.demo:_worker_train", str(root), args.steps, args.save_every)
+            # The workers save in the background; here, each save's journal drives text
+            # progress per process (on stderr) while they train.
+            with FollowNew(root, "save"):
+                trained = group.run(
+                    "nbckpt.demo:_worker_train", str(root), args.steps, args.save_every
+                )
             print("\n  step  save blocked  committed after  steps trained meanwhile (process 0)")
             for s in trained[0]["saves"]:
                 print(

@@ -6,6 +6,9 @@ calls :mod:`nbckpt.client`; there is no protocol logic here.
 
 from __future__ import annotations
 
+import os
+import uuid
+from pathlib import Path
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -158,12 +161,15 @@ class NbckptMagics(Magics):
     @argument("--wait", action="store_true", help="block until the step is committed")
     @argument("--force", action="store_true", help="replace the step if it exists")
     @argument("--timeout", type=float, default=300.0, help="barrier deadline in seconds")
+    @argument("--quiet", action="store_true", help="do not show the live per-process progress")
     @line_magic
     def ckpt_save(self, line: str) -> SaveHandle | None:
         """Save VAR from every engine as a step; returns a handle at once.
 
         The engines take a short snapshot and go on; the write and the commit run in
-        the background. ``--wait`` blocks until the step is committed.
+        the background. ``--wait`` blocks until the step is committed. Unless
+        ``--quiet``, a widget shows each process's phase, bytes written, barriers and
+        commit, updated by itself from the journal (text bars without widgets).
         """
         args = parse_argstring(self.ckpt_save, line)
         step = _step(args.step)
@@ -178,8 +184,13 @@ class NbckptMagics(Magics):
             force=args.force,
             timeout_s=args.timeout,
         )
+        live = None if args.quiet else self._live_view(handle.root, handle.op, text=args.wait)
         if args.wait:
-            rec = handle.wait()
+            try:
+                rec = handle.wait()
+            finally:
+                if live is not None:
+                    live.close()
             print(
                 f"step {step} committed to {handle.root} "
                 f"({(rec.end or 0) - (rec.start or 0):.2f} s)"
@@ -208,7 +219,11 @@ class NbckptMagics(Magics):
     @argument("--processes", help="comma-separated process indices, e.g. 0,2 (default all)")
     @line_magic
     def ckpt_barrier(self, line: str) -> None:
-        """Wait at a coordination-service barrier on the engines and show who waited."""
+        """Wait at a coordination-service barrier on the engines and show who waited.
+
+        In a notebook, a per-process view shows when each process arrived, whom it is
+        still waiting for, and when the barrier released.
+        """
         args = parse_argstring(self.ckpt_barrier, line)
         _positive(args.timeout, "--timeout")
         processes = None
@@ -219,9 +234,18 @@ class NbckptMagics(Magics):
                 raise UsageError(
                     f"--processes takes indices like 0,2; got {args.processes!r}"
                 ) from None
-        report = self._run(
-            self._client().barrier, args.name, timeout_s=args.timeout, processes=processes
-        )
+        client = self._client()
+        key = uuid.uuid4().hex[:16]
+        journaled = self._barrier_view(client, args.name, key)
+        try:
+            report = self._run(
+                client.barrier, args.name, timeout_s=args.timeout, processes=processes, key=key
+            )
+        except BaseException:
+            self._drop_view_without_journal(key)
+            raise
+        if not journaled:
+            self._show_barrier(report)
         print(report.table())
 
     @magic_arguments()
@@ -241,9 +265,13 @@ class NbckptMagics(Magics):
 
     @line_magic
     def ckpt_status(self, line: str) -> None:
-        """Show the cluster's processes and the saves this notebook started."""
+        """Show the cluster's processes and the saves this notebook started.
+
+        ``%ckpt_status OP [--dir D]`` shows one operation instead: see ``%ckpt_show``.
+        """
         if line.strip():
-            raise UsageError("%ckpt_status takes no arguments")
+            self.ckpt_show(line)
+            return
         st = self._client().status()
         print(f"default directory: {st['directory'] or '(none)'}")
         health = st["health"]
@@ -353,6 +381,151 @@ class NbckptMagics(Magics):
             raise UsageError(str(e)) from None
         print(report.table())
 
+    # -- live views and timelines ------------------------------------------------------
+
+    def _in_kernel(self) -> bool:
+        """Whether this shell runs in a kernel whose front end can show widgets."""
+        return getattr(self.shell, "kernel", None) is not None
+
+    def _views(self) -> dict[str, Any]:
+        """The progress widgets this session made, by operation id (newest last)."""
+        views: dict[str, Any] = self.__dict__.setdefault("_progress_views", {})
+        return views
+
+    def _live_view(self, root: str, op: str, *, text: bool) -> Any:
+        """Show a live view of ``op``; with ``text`` and no widgets, follow it in tqdm bars.
+
+        Returns what must be closed once the caller stops waiting, or None.
+        """
+        from nbckpt.widgets import watch
+        from nbckpt.widgets.text import follow_text
+
+        in_kernel = self._in_kernel()
+        self._views()[op] = watch(root, op, display=in_kernel)
+        return follow_text(root, op) if text and not in_kernel else None
+
+    def _barrier_view(self, client: CheckpointClient, name: str, key: str) -> bool:
+        """In a notebook, follow the barrier's journal (if it has one) while it waits."""
+        if not self._in_kernel() or client.directory is None:
+            return False
+        from nbckpt.widgets import watch
+
+        # The engines name the journal folder <time>-barrier-<key>-<name>.
+        self._views()[key] = watch(client.directory, f"*-barrier-{key}-{name}")
+        return True
+
+    def _drop_view_without_journal(self, key: str) -> None:
+        """Stop following a barrier that failed before any engine journaled it."""
+        widget = self._views().get(key)
+        if widget is not None and widget.live is not None and widget.live.tailer.event_count == 0:
+            widget.live.stop()
+
+    def _show_barrier(self, report: Any) -> None:
+        """Show a finished barrier without a journal, from the times the engines sent."""
+        if not self._in_kernel():
+            return
+        from IPython.display import display
+
+        from nbckpt.journal import merge_events
+        from nbckpt.monitor import view_state
+        from nbckpt.widgets import ProgressWidget
+
+        n = len(report.entered)
+        events = {
+            p: [
+                {"t": t, "event": "requested", "kind": "barrier", "process_count": n},
+                {"t": t, "event": "barrier_enter", "name": report.name},
+                {"t": report.left[p], "event": "barrier_exit", "name": report.name},
+                {"t": report.left[p], "event": "committed"},
+            ]
+            for p, t in report.entered.items()
+        }
+        display(ProgressWidget(view_state(merge_events(report.key, events))))
+
+    def _operation(self, op: str | None, directory: str | None) -> tuple[str, str]:
+        """Resolve ``(root, op)`` from an op id or folder, --dir, and this session's saves."""
+        from nbckpt.journal import list_operations
+        from nbckpt.layout import ops_dir
+
+        if op is not None and Path(op).is_dir() and Path(op).parent.name == "ops":
+            folder = Path(op).absolute()
+            return str(folder.parents[2]), folder.name
+        client = self.client
+        if directory is not None:
+            root = os.path.abspath(directory)
+        elif op is None and client is not None and client.handles:
+            return client.handles[-1].root, client.handles[-1].op
+        elif client is not None and client.directory is not None:
+            root = client.directory
+        else:
+            raise UsageError("which checkpoint directory? pass --dir D (or start the cluster)")
+        known = list_operations(root)
+        if op is None:
+            if not known:
+                raise UsageError(f"no journaled operations in {root}")
+            op = known[-1]
+        if not (ops_dir(root) / op).is_dir():
+            latest = ", ".join(known[-3:]) or "none"
+            raise UsageError(f"no operation {op!r} in {root}; latest: {latest}")
+        return root, op
+
+    @magic_arguments()
+    @argument(
+        "op",
+        nargs="?",
+        help="operation id or its journal folder (default: this session's last save, "
+        "else the newest operation in the directory)",
+    )
+    @argument("--dir", help="checkpoint directory (default: the cluster's --dir)")
+    @line_magic
+    def ckpt_show(self, line: str) -> None:
+        """Show one operation's per-process progress, rebuilt from its journal.
+
+        The journal is the source of truth, so this works after a kernel restart
+        (pass --dir then). A running operation keeps updating by itself. Without
+        widgets, prints one text progress line per process.
+        """
+        args = parse_argstring(self.ckpt_show, line)
+        root, op = self._operation(args.op, args.dir)
+        if self._in_kernel():
+            from nbckpt.widgets import watch
+
+            self._views()[op] = watch(root, op)
+            return
+        from nbckpt.monitor import JournalTailer
+        from nbckpt.widgets.text import render_text
+
+        print(render_text(JournalTailer(root, op).view()))
+
+    @magic_arguments()
+    @argument(
+        "op",
+        nargs="?",
+        help="operation id or its journal folder (default: this session's last save, "
+        "else the newest operation in the directory)",
+    )
+    @argument("--dir", help="checkpoint directory (default: the cluster's --dir)")
+    @argument("--save", metavar="FILE.png", help="also write the figure to this PNG file")
+    @line_magic
+    def ckpt_timeline(self, line: str) -> Any:
+        """Draw one operation as a matplotlib figure: a row per process, its phases.
+
+        Barrier waits are hatched with a line where each barrier released; the blocking
+        snapshot is shaded apart from the background write; a failed process's last
+        phase is outlined in red with its error. Returns the figure.
+        """
+        args = parse_argstring(self.ckpt_timeline, line)
+        if args.save is not None and not args.save.lower().endswith(".png"):
+            raise UsageError(f"--save writes PNG: give a file ending in .png, got {args.save!r}")
+        root, op = self._operation(args.op, args.dir)
+        from nbckpt.widgets import plot_timeline
+
+        fig = plot_timeline(root, op, save=args.save)
+        if args.save is not None:
+            print(f"timeline of {op} written to {os.path.abspath(args.save)}")
+        _show_figures_as_png(self.shell)
+        return fig
+
 
 def get_client() -> CheckpointClient:
     """Return the client behind the magics of this IPython session.
@@ -373,6 +546,18 @@ def get_client() -> CheckpointClient:
         raise UsageError(_NO_CLUSTER)
     client: CheckpointClient = magics.client
     return client
+
+
+def _show_figures_as_png(shell: Any) -> None:
+    """Let the shell display a returned matplotlib Figure (pyplot may never be imported)."""
+    from IPython.core.pylabtools import print_figure
+    from matplotlib.figure import Figure
+
+    formatter = shell.display_formatter.formatters["image/png"]
+    try:
+        formatter.lookup_by_type(Figure)
+    except KeyError:
+        formatter.for_type(Figure, lambda fig: print_figure(fig, "png", bbox_inches="tight"))
 
 
 def load_ipython_extension(ipython: Any) -> None:

@@ -37,6 +37,10 @@ def test_demo_runs_and_checks_bit_for_bit(tmp_path):
     assert "restore of step 4: bit-identical on every process" in out
     assert "barrier:write_complete" in out and "committed" in out
     assert sorted(p.name for p in root.iterdir()) == [".nbckpt", "2", "4"]
+    # Text progress per process, drawn by tqdm from each save's journal, on stderr.
+    for step in (2, 4):
+        for p in (0, 1):
+            assert f"save {step} process {p}: 100%" in proc.stderr
 
 
 def test_demo_rejects_bad_arguments(capsys):

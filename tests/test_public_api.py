@@ -48,9 +48,34 @@ def _imported_after(code: str) -> set[str]:
 
 def test_notebook_side_modules_do_not_import_jax():
     mods = _imported_after(
-        "import nbckpt, nbckpt.journal, nbckpt.layout, nbckpt.errors, nbckpt.procgroup"
+        "import nbckpt, nbckpt.journal, nbckpt.layout, nbckpt.errors, nbckpt.procgroup, "
+        "nbckpt.monitor, nbckpt.widgets, nbckpt.widgets.progress, nbckpt.widgets.live, "
+        "nbckpt.widgets.timeline, nbckpt.widgets.text"
     )
     assert "jax" not in mods and "tensorstore" not in mods
+
+
+def test_widgets_public_names_are_pinned_and_imported_lazily():
+    import nbckpt.monitor
+    import nbckpt.widgets
+
+    assert set(nbckpt.widgets.__all__) == {
+        "ProgressWidget",
+        "TextProgress",
+        "plot_timeline",
+        "watch",
+    }
+    for name in nbckpt.widgets.__all__:
+        assert getattr(nbckpt.widgets, name).__doc__, name
+    assert set(nbckpt.monitor.__all__) == {
+        "BarrierView",
+        "JournalTailer",
+        "OperationView",
+        "ProcessView",
+        "view_state",
+    }
+    mods = _imported_after("import nbckpt.widgets")
+    assert not {"anywidget", "matplotlib", "tqdm"} & mods
 
 
 def test_engine_does_not_import_ipython():

@@ -10,12 +10,7 @@ checks both states and opens each save's per-process timeline. Screenshots go to
 from __future__ import annotations
 
 import os
-import secrets
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,22 +18,11 @@ from typing import Any
 import pytest
 
 from nbckpt.layout import TMP_SUFFIX, all_steps
-from nbckpt.procgroup import ProcessGroup, free_port
+from nbckpt.procgroup import ProcessGroup
+from tests.browser.labserver import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, REPO, running_lab
 
 pytestmark = [pytest.mark.browser, pytest.mark.multihost]
 
-REPO = Path(__file__).resolve().parents[2]
-ARTIFACTS = REPO / "artifacts"
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-dev-shm-usage",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 T = "tests.lab_tasks"
 
 
@@ -58,73 +42,11 @@ def server_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return server_root
 
 
-def _wait_for_server(
-    url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 90
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
-            raise RuntimeError(f"jupyter lab exited with code {proc.returncode}:\n{tail}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                if response.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            pass
-        time.sleep(0.3)
-    raise TimeoutError(f"jupyter lab did not answer at {url} within {timeout_s} s")
-
-
 @pytest.fixture(scope="module")
 def lab(server_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A JupyterLab on 127.0.0.1 serving ``server_root``; yields its URL with the token."""
-    home = tmp_path_factory.mktemp("jupyter-home")
-    port, token = free_port(), secrets.token_hex(16)
-    env = dict(os.environ)
-    # Keep the user's own Jupyter config and settings out of the test.
-    env.update(
-        JUPYTER_CONFIG_DIR=str(home / "config"),
-        JUPYTERLAB_SETTINGS_DIR=str(home / "settings"),
-        JUPYTERLAB_WORKSPACES_DIR=str(home / "workspaces"),
-        JUPYTER_RUNTIME_DIR=str(home / "runtime"),
-    )
-    cmd = [
-        sys.executable,
-        "-m",
-        "jupyterlab",
-        "--no-browser",
-        "--ServerApp.ip=127.0.0.1",
-        f"--ServerApp.port={port}",
-        "--ServerApp.port_retries=0",
-        f"--IdentityProvider.token={token}",
-        f"--ServerApp.root_dir={server_root}",
-        "--allow-root",  # CI containers run as root
-        "--LabApp.news_url=",
-        "--LabApp.extension_manager=readonly",
-        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-    ]
-    # No "official Jupyter news?" toast over the page.
-    labconfig = home / "config" / "labconfig"
-    labconfig.mkdir(parents=True)
-    (labconfig / "page_config.json").write_text(
-        '{"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": true}}'
-    )
-    log_path = home / "lab.log"
-    log = log_path.open("wb")
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        base = f"http://127.0.0.1:{port}"
-        _wait_for_server(f"{base}/api/status?token={token}", proc, log_path)
+    with running_lab(server_root, tmp_path_factory.mktemp("jupyter-home")) as (base, token):
         yield f"{base}/lab?token={token}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
 
 
 def test_sidebar_shows_states_and_timelines(lab: str, server_root: Path) -> None:

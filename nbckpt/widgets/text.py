@@ -1,0 +1,208 @@
+"""Text progress per process, with tqdm: the demo and front ends without widgets."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from typing import IO, Any
+
+from tqdm import tqdm
+
+from nbckpt.journal import list_operations
+from nbckpt.monitor import JournalTailer, OperationView, ProcessView
+
+__all__ = ["FollowNew", "TextProgress", "follow_text", "human_bytes", "render_text"]
+
+
+def human_bytes(n: float) -> str:
+    """Format a byte count with a binary unit, e.g. ``64.0 MiB``."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def _where(p: ProcessView) -> str:
+    """What a process does now, in a few words (its barrier names whom it waits for)."""
+    b = p.barrier
+    if b is not None:
+        missing = ", ".join(map(str, b.waiting_for))
+        return f"{p.phase} (waiting for {missing})" if missing else p.phase
+    if p.status == "failed":
+        return f"failed during {p.error_phase or '?'}: {p.error}"
+    return p.phase
+
+
+def _meter(p: ProcessView, elapsed: float, ncols: int) -> str:
+    total = p.bytes_total or None
+    return str(
+        tqdm.format_meter(
+            p.bytes_written,
+            total,
+            elapsed,
+            ncols=ncols,
+            prefix=f"process {p.process}",
+            unit="B",
+            unit_scale=True,
+            unit_divisor=1024,
+            postfix=_where(p),
+        )
+    )
+
+
+def render_text(view: OperationView, ncols: int = 100) -> str:
+    """A static text picture of ``view``: a title line and one tqdm meter per process."""
+    lines = [f"{view.kind} of step {view.step} ({view.op}): {view.status}"]
+    for p in view.processes:
+        end = p.committed or p.last_event
+        elapsed = 0.0 if view.start is None or end is None else max(0.0, end - view.start)
+        lines.append(_meter(p, elapsed, ncols))
+    return "\n".join(lines)
+
+
+class TextProgress:
+    """Live tqdm bars, one per process, fed from :class:`~nbckpt.monitor.OperationView`.
+
+    Parameters
+    ----------
+    file
+        Where to draw (default ``sys.stderr``).
+    leave
+        Keep the bars on screen once closed.
+    """
+
+    def __init__(self, file: IO[str] | None = None, *, leave: bool = True) -> None:
+        self.file = file if file is not None else sys.stderr
+        self.leave = leave
+        self._bars: dict[int, tqdm[Any]] = {}
+
+    def update(self, view: OperationView) -> None:
+        """Move each process's bar to the bytes it has written and show its phase."""
+        for i, p in enumerate(view.processes):
+            bar = self._bars.get(p.process)
+            if bar is None:
+                bar = self._bars[p.process] = tqdm(
+                    total=p.bytes_total or None,
+                    desc=f"{view.kind} {view.step} process {p.process}",
+                    position=i,
+                    unit="B",
+                    unit_scale=True,
+                    unit_divisor=1024,
+                    file=self.file,
+                    leave=self.leave,
+                    dynamic_ncols=True,
+                    mininterval=0.1,
+                )
+            if p.bytes_total and bar.total != p.bytes_total:
+                bar.total = p.bytes_total
+            bar.n = p.bytes_written
+            bar.set_postfix_str(_where(p), refresh=False)
+            bar.refresh()
+
+    def close(self) -> None:
+        """Close every bar."""
+        for bar in self._bars.values():
+            bar.close()
+        self._bars.clear()
+
+
+class _Following:
+    """tqdm bars kept up to date from a journal by a polling thread, until closed."""
+
+    def __init__(self, root: str | os.PathLike[str], op: str, file: IO[str] | None) -> None:
+        from nbckpt.widgets.live import LiveUpdater
+
+        self._bars = TextProgress(file)
+        self._tailer = JournalTailer(root, op)
+        self._updater = LiveUpdater(self._tailer, self._bars.update, loop=None).start()
+
+    def close(self) -> None:
+        """Stop following; draw the last state once more and close the bars."""
+        self._updater.stop()
+        self._updater.join(5)
+        self._tailer.poll()
+        self._bars.update(self._tailer.view())
+        self._bars.close()
+
+
+def follow_text(
+    root: str | os.PathLike[str], op: str, *, file: IO[str] | None = None
+) -> _Following:
+    """Draw tqdm bars per process of ``op`` from a thread until ``close()`` is called."""
+    return _Following(root, op, file)
+
+
+class FollowNew:
+    """Draw tqdm bars for each new operation of one kind that appears under a root.
+
+    A context manager: operations already journaled when it starts are ignored; each
+    new one is followed until it commits or fails, then the next. On exit it first
+    draws what is left to draw.
+
+    Parameters
+    ----------
+    root
+        The checkpoint root to watch.
+    kind
+        The operation kind to follow (``"save"``).
+    file
+        Where to draw (default ``sys.stderr``).
+    interval_s
+        How often to read the journal.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        kind: str = "save",
+        *,
+        file: IO[str] | None = None,
+        interval_s: float = 0.25,
+    ) -> None:
+        self.root, self.kind, self.file, self.interval_s = root, kind, file, interval_s
+        self.followed: list[str] = []
+        self._seen = set(list_operations(root))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="nbckpt-follow", daemon=True)
+
+    def __enter__(self) -> FollowNew:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def _next(self) -> JournalTailer | None:
+        for op in list_operations(self.root):
+            if op not in self._seen:
+                self._seen.add(op)
+                tailer = JournalTailer(self.root, op)
+                tailer.poll()
+                if tailer.record().kind == self.kind:
+                    return tailer
+        return None
+
+    def _run(self) -> None:
+        current: tuple[JournalTailer, TextProgress] | None = None
+        while True:
+            stopping = self._stop.is_set()
+            if current is None:
+                tailer = self._next()
+                if tailer is not None:
+                    self.followed.append(tailer.op)
+                    current = (tailer, TextProgress(self.file))
+            if current is not None:
+                tailer, bars = current
+                tailer.poll()
+                view = tailer.view()
+                bars.update(view)
+                if view.status != "running" or stopping:
+                    bars.close()
+                    current = None
+                    continue  # look for the next one at once
+            elif stopping:
+                return
+            self._stop.wait(self.interval_s)

@@ -1,0 +1,101 @@
+"""What the browser tests share: Chromium's launch options and a JupyterLab on 127.0.0.1."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+from nbckpt.procgroup import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+ARTIFACTS = REPO / "artifacts"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+def wait_for_server(
+    url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 90
+) -> None:
+    """Wait until ``url`` answers 200, or raise with the tail of the server's log."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+            raise RuntimeError(f"jupyter lab exited with code {proc.returncode}:\n{tail}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.3)
+    raise TimeoutError(f"jupyter lab did not answer at {url} within {timeout_s} s")
+
+
+@contextlib.contextmanager
+def running_lab(server_root: Path, home: Path) -> Iterator[tuple[str, str]]:
+    """Run JupyterLab on 127.0.0.1 serving ``server_root``; yield ``(base URL, token)``.
+
+    ``home`` holds its config, settings, workspaces, runtime files and log, so the
+    user's own Jupyter setup stays out of the test.
+    """
+    port, token = free_port(), secrets.token_hex(16)
+    env = dict(os.environ)
+    env.update(
+        JUPYTER_CONFIG_DIR=str(home / "config"),
+        JUPYTERLAB_SETTINGS_DIR=str(home / "settings"),
+        JUPYTERLAB_WORKSPACES_DIR=str(home / "workspaces"),
+        JUPYTER_RUNTIME_DIR=str(home / "runtime"),
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "jupyterlab",
+        "--no-browser",
+        "--ServerApp.ip=127.0.0.1",
+        f"--ServerApp.port={port}",
+        "--ServerApp.port_retries=0",
+        f"--IdentityProvider.token={token}",
+        f"--ServerApp.root_dir={server_root}",
+        "--allow-root",  # CI containers run as root
+        "--LabApp.news_url=",
+        "--LabApp.extension_manager=readonly",
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+    ]
+    # No "official Jupyter news?" toast over the page.
+    labconfig = home / "config" / "labconfig"
+    labconfig.mkdir(parents=True)
+    (labconfig / "page_config.json").write_text(
+        '{"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": true}}'
+    )
+    log_path = home / "lab.log"
+    log = log_path.open("wb")
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_for_server(f"{base}/api/status?token={token}", proc, log_path)
+        yield base, token
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
