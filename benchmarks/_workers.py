@@ -74,8 +74,11 @@ def build(nbytes: int, leaves: int = LEAVES) -> dict[str, int]:
     rows = max(n, nbytes // 4 // leaves // 1024 // n * n)
 
     def block(idx: Any) -> np.ndarray:
+        # Random values, like trained weights: a constant fill would let a compressing
+        # checkpointer (Orbax's zstd) write almost nothing.
         start, stop, _ = idx[0].indices(rows)
-        return np.full((stop - start, 1024), float(start), np.float32)
+        rng = np.random.default_rng(start)
+        return rng.random((stop - start, 1024), dtype=np.float32)
 
     tree = {
         f"w{i}": jax.make_array_from_callback((rows, 1024), sharding, block) for i in range(leaves)

@@ -517,6 +517,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--barriers", type=int, default=200)
     parser.add_argument("--quick", action="store_true", help="tiny sizes, 1 rep: a smoke run")
     parser.add_argument("--no-orbax", action="store_true", help="skip Orbax even if installed")
+    parser.add_argument(
+        "--skip", default="", help="comma-separated parts to leave out: journal, scaling"
+    )
     parser.add_argument("--dir", help="where to write (default: a temporary directory)")
     parser.add_argument("--out", help="the Markdown report (default benchmarks/RESULTS.md)")
     args = parser.parse_args(argv)
@@ -524,6 +527,7 @@ def main(argv: list[str] | None = None) -> int:
         args.sizes, args.reps, args.scaling_size, args.barriers = "8M,16M", 1, "16M", 50
     out = Path(args.out) if args.out else (None if args.quick else HERE / "RESULTS.md")
     sizes = [parse_size(s) for s in args.sizes.split(",") if s]
+    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     orbax = not args.no_orbax and _version("orbax-checkpoint") != "not installed"
 
     def log(msg: str) -> None:
@@ -543,14 +547,16 @@ def main(argv: list[str] | None = None) -> int:
                 max(group.run(f"{W}:jax_barriers", args.barriers, "a")),
             )
             jsize = min(sizes, key=lambda s: abs(s - parse_size(args.scaling_size)))
-            log("journal overhead")
-            journal = bench_journal(group, base, jsize, max(3, args.reps), log)
+            journal = None
+            if "journal" not in skip:
+                log("journal overhead")
+                journal = bench_journal(group, base, jsize, max(3, args.reps), log)
             group.run(f"{W}:build", 0, 1)  # let go of the state before other groups start
-        counts = sorted({1, 2, args.processes})
-        log("scaling")
-        scaling = bench_scaling(
-            base, parse_size(args.scaling_size), args.reps, [c for c in counts if c != 0], log
-        )
+        scaling: dict[int, tuple[float, float, int]] = {}
+        if "scaling" not in skip:
+            log("scaling")
+            counts = sorted({1, 2, args.processes})
+            scaling = bench_scaling(base, parse_size(args.scaling_size), args.reps, counts, log)
     finally:
         shutil.rmtree(base, ignore_errors=True)
     load1 = os.getloadavg()
