@@ -20,6 +20,7 @@ __all__ = [
     "context",
     "create_array",
     "open_array",
+    "open_array_async",
 ]
 
 #: Upper bound on one chunk: a shard larger than this is split into several chunks,
@@ -86,8 +87,19 @@ def create_array(
     ts.open(spec, create=True, dtype=ts.dtype(np.dtype(dtype).name), context=context()).result()
 
 
-def open_array(path: str | os.PathLike[str]) -> ts.TensorStore:
-    """Open an existing zarr array for reading or writing."""
+def open_array_async(path: str | os.PathLike[str]) -> ts.Future[ts.TensorStore]:
+    """Start opening an existing zarr array; the future's result is the store.
+
+    A restore starts every leaf's open at once: each one reads a ``.zarray`` file,
+    which after a cache drop is a disk round trip, and done one after the other
+    they add up.
+    """
     spec = _spec(path)
     spec["store_data_equal_to_fill_value"] = True
-    return ts.open(spec, open=True, context=context()).result()
+    return ts.open(spec, open=True, context=context())
+
+
+def open_array(path: str | os.PathLike[str]) -> ts.TensorStore:
+    """Open an existing zarr array for reading or writing."""
+    store: ts.TensorStore = open_array_async(path).result()
+    return store
