@@ -474,14 +474,14 @@ def report(
         Target("barrier round trip", f"{nb_bar * 1e3:.2f} ms", "<= 1 ms", nb_bar <= 1e-3),
         Target(
             "journal + tailer overhead",
-            f"{jo_pct:+.1f} %",
+            f"{num(jo_pct, '+.1f')} %",
             "<= 2 %",
             None if jo_pct != jo_pct else jo_pct <= 2,
         ),
         Target("peak memory / owned bytes", f"{peak:.2f}", "<= 1.1", peak <= 1.1),
         Target(
             "1/2/4-process throughput spread",
-            f"{spread:.1f} %",
+            f"{num(spread, '.1f')} %",
             "<= 10 %",
             None if spread != spread else spread <= 10,
         ),
