@@ -152,18 +152,22 @@ def nb_restore(root: str, step: int) -> float:
     return elapsed
 
 
-def nb_repeated_saves(root: str, count: int) -> list[int]:
-    """Save ``count`` times in a row (retention keeps 2); peak bytes above base per save."""
+def nb_repeated_saves(root: str, count: int) -> list[dict[str, int]]:
+    """Save ``count`` times in a row (retention keeps 2).
+
+    Per save: ``peak``, the process's resident high-water mark during the save
+    (reset before it), and ``above``, that peak above the RSS just before the save.
+    """
     from nbckpt.engine import AsyncCheckpointer
 
     ckptr = AsyncCheckpointer(root, max_to_keep=2)
-    peaks = []
+    out = []
     for step in range(count):
         peak = _Peak()
         ckptr.save(step, _state["tree"])
         ckptr.wait_until_finished()
-        peaks.append(peak.above_base())
-    return peaks
+        out.append({"peak": _status_kib("VmHWM") * 1024, "above": peak.above_base()})
+    return out
 
 
 def rss() -> int:
