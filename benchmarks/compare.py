@@ -99,6 +99,12 @@ def dd_write(path: Path, nbytes: int) -> float:
     return elapsed
 
 
+def remove(path: Path) -> None:
+    """Delete a run's files and flush the deletion, so the next run starts on a quiet disk."""
+    shutil.rmtree(path)
+    os.sync()
+
+
 def slowest(results: list[dict[str, float]], key: str) -> float:
     """The slowest (largest) figure over processes."""
     return max(float(r[key]) for r in results)
@@ -167,7 +173,7 @@ def bench_size(
         res.nb_peak.append(slowest(out, "peak"))
         drop_cache(root)
         res.nb_restore.append(max(group.run(f"{W}:nb_restore", str(root), rep)))
-        shutil.rmtree(root)
+        remove(root)
 
     def run_ob(rep: int) -> None:
         path = base / f"orbax-{tag}-{rep}"
@@ -177,14 +183,14 @@ def bench_size(
         res.ob_peak.append(slowest(out, "peak"))
         drop_cache(path)
         res.ob_restore.append(max(group.run(f"{W}:orbax_restore", str(path))))
-        shutil.rmtree(path)
+        remove(path)
 
     def run_raw(rep: int) -> None:
         path = base / f"raw-{tag}-{rep}"
         res.raw_write.append(max(group.run(f"{W}:raw_write", str(path), f"{tag}-{rep}")))
         drop_cache(path)
         res.raw_read.append(max(group.run(f"{W}:raw_read", str(path), f"{tag}-{rep}")))
-        shutil.rmtree(path)
+        remove(path)
         res.dd_write.append(dd_write(base / "dd.bin", res.nbytes))
 
     runners: list[Callable[[int], None]] = [run_nb, run_raw]
@@ -225,7 +231,7 @@ def bench_journal(
             else:
                 out = group.run(f"{W}:nb_save", str(root), rep, kwargs={"journal": variant == "on"})
             getattr(res, variant).append(slowest(out, "commit"))
-            shutil.rmtree(root)
+            remove(root)
         log(f"  journal rep {rep + 1}/{reps} done")
     return res
 
@@ -245,7 +251,7 @@ def bench_scaling(
                 commits.append(slowest(res, "commit"))
                 drop_cache(root)
                 restores.append(max(group.run(f"{W}:nb_restore", str(root), rep)))
-                shutil.rmtree(root)
+                remove(root)
         out[n] = (med(commits), med(restores), total)
         log(f"  scaling: {n} process(es) done")
     return out
@@ -589,7 +595,8 @@ def main(argv: list[str] | None = None) -> int:
         "(`ocp.AsyncCheckpointer(ocp.StandardCheckpointHandler())`, its durable "
         "defaults: OCDBT, zstd, fsync), raw tensorstore (one uncompressed zarr chunk per "
         "shard, fsync'd, timed between two barriers) and `dd`-like single-stream write "
-        "+ `fdatasync` from the parent. The page cache is dropped "
+        "+ `fdatasync` from the parent. After each run its files are deleted and "
+        "`sync`ed. The page cache is dropped "
         f"(`{drop_cache.__module__}.drop_cache`) before every read. Figures are medians "
         "over repetitions of the slowest process.",
         "",
