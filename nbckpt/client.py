@@ -133,6 +133,14 @@ class SaveHandle:
         while True:
             rec = self.record()
             if rec.status == "failed":
+                # Give the other processes a moment to journal their own outcome, so
+                # the error names every process that failed, not just the fastest.
+                settle = time.monotonic() + 2.0
+                while time.monotonic() < settle and any(
+                    r.status == "running" for r in rec.processes.values()
+                ):
+                    time.sleep(poll_s)
+                    rec = self.record()
                 self.client._acknowledge(self.op)
                 raise _failure(rec, self.root)
             if rec.status != "running":

@@ -8,14 +8,31 @@ from typing import Any
 
 import jax
 import numpy as np
+import tensorstore as ts
 
-from nbckpt.engine.storage import open_array
+from nbckpt.engine.storage import open_array_async
 from nbckpt.engine.tree import PathEntry, leaf_name, path_entry, unflatten_paths
 from nbckpt.errors import NbckptError
 from nbckpt.journal import JournalWriter
 from nbckpt.layout import read_metadata
 
-__all__ = ["default_sharding", "restore_step"]
+__all__ = ["aligned_empty", "default_sharding", "restore_step"]
+
+#: XLA's CPU client adopts a host buffer without copying it only if it is aligned to
+#: this many bytes; tensorstore's own read buffers are aligned to 16 only.
+_ALIGNMENT = 64
+
+
+def aligned_empty(shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
+    """Return an uninitialized C-ordered array whose data is ``_ALIGNMENT``-aligned.
+
+    A restore reads each region into such a buffer, so that ``jax.device_put`` on a
+    CPU device takes it as it is instead of copying it once more.
+    """
+    nbytes = math.prod(shape) * dtype.itemsize
+    raw = np.empty(nbytes + _ALIGNMENT, np.uint8)
+    offset = -raw.ctypes.data % _ALIGNMENT
+    return raw[offset : offset + nbytes].view(dtype).reshape(shape)
 
 
 def default_sharding(meta: dict[str, Any]) -> jax.sharding.Sharding:
@@ -58,7 +75,14 @@ def _index_key(index: tuple[slice, ...], shape: tuple[int, ...]) -> tuple[tuple[
 
 
 class _Pending:
-    """Reads issued for one leaf, assembled once they complete."""
+    """The reads of one leaf: opened, issued, then assembled.
+
+    ``__init__`` starts opening the array, ``issue`` issues the reads and ``result``
+    assembles them once they complete.
+
+    The three steps are separate so that a restore opens every leaf, then issues
+    every read, before it waits for any: tensorstore overlaps them all.
+    """
 
     def __init__(
         self,
@@ -74,20 +98,29 @@ class _Pending:
         self.nbytes = 0
         self.futures: dict[tuple[tuple[int, int], ...], Any] = {}
         self.devices: list[tuple[Any, tuple[tuple[int, int], ...]]] = []
-        if meta["kind"] == "scalar":
+        self._opening: Any = None
+        if meta["kind"] != "scalar":
+            self._opening = open_array_async(directory / meta["name"])
+
+    def issue(self) -> None:
+        """Issue the reads of every region this process's devices need."""
+        if self._opening is None:
             return
-        store = open_array(directory / meta["name"])
-        itemsize = np.dtype(meta["dtype"]).itemsize
-        if sharding is None:
+        store = self._opening.result()
+        itemsize = np.dtype(self.meta["dtype"]).itemsize
+        if self.sharding is None:
             self.futures[()] = store.read()
             self.nbytes = math.prod(self.shape) * itemsize
             return
         whole = tuple(slice(None) for _ in self.shape)
-        for device, index in sharding.addressable_devices_indices_map(self.shape).items():
+        dtype = np.dtype(self.meta["dtype"])
+        for device, index in self.sharding.addressable_devices_indices_map(self.shape).items():
             key = _index_key(index or whole, self.shape)
             if key not in self.futures:
-                self.futures[key] = store[index or whole].read()
-                self.nbytes += math.prod(b - a for a, b in key) * itemsize
+                buf = aligned_empty(tuple(b - a for a, b in key), dtype)
+                dst = ts.array(buf, copy=False, write=True)
+                self.futures[key] = (buf, dst.write(store[index or whole]))
+                self.nbytes += buf.nbytes
             self.devices.append((device, key))
 
     def result(self) -> Any:
@@ -105,7 +138,8 @@ class _Pending:
             return host
         bufs = []
         for device, key in self.devices:
-            host = self.futures[key].result()
+            host, done = self.futures[key]
+            done.result()
             if self.dtype is not None and host.dtype != np.dtype(self.dtype):
                 host = host.astype(self.dtype)
             bufs.append(jax.device_put(host, device))
@@ -127,6 +161,8 @@ def restore_step(directory: Path, target: Any, journal: JournalWriter | None = N
             sharding = default_sharding(m) if m["kind"] == "jax" else None
             pending.append(_Pending(directory, m, sharding, None))
             paths.append(tuple((k, v) for k, v in m["path"]))
+        for p in pending:
+            p.issue()
         values = [p.result() for p in pending]
         result = unflatten_paths(list(zip(paths, values, strict=True)))
     else:
@@ -144,6 +180,8 @@ def restore_step(directory: Path, target: Any, journal: JournalWriter | None = N
                     f"{tuple(m.get('shape', ()))}"
                 )
             pending.append(_Pending(directory, m, sharding, dtype))
+        for p in pending:
+            p.issue()
         values = [p.result() for p in pending]
         result = jax.tree_util.tree_unflatten(treedef, values)
     if journal is not None:

@@ -19,7 +19,9 @@ __all__ = [
     "chunk_shape",
     "context",
     "create_array",
+    "create_array_async",
     "open_array",
+    "open_array_async",
 ]
 
 #: Upper bound on one chunk: a shard larger than this is split into several chunks,
@@ -67,14 +69,15 @@ def _spec(path: str | os.PathLike[str]) -> dict[str, Any]:
     return {"driver": "zarr", "kvstore": {"driver": "file", "path": os.fspath(path)}}
 
 
-def create_array(
+def create_array_async(
     path: str | os.PathLike[str], shape: Sequence[int], dtype: np.dtype[Any], chunks: Sequence[int]
-) -> None:
-    """Create an empty zarr array (metadata only) at ``path``.
+) -> ts.Future[ts.TensorStore]:
+    """Start creating an empty zarr array (metadata only) at ``path``.
 
     No compression: the write then runs at the disk's speed, and a reader can fetch a
     region straight from the chunk files. Chunks equal to the fill value are stored
-    anyway, so every chunk of a complete checkpoint exists on disk.
+    anyway, so every chunk of a complete checkpoint exists on disk. The ``.zarray``
+    file is fsync'd before the future completes.
     """
     spec = _spec(path)
     spec["metadata"] = {
@@ -83,11 +86,29 @@ def create_array(
         "compressor": None,
     }
     spec["store_data_equal_to_fill_value"] = True
-    ts.open(spec, create=True, dtype=ts.dtype(np.dtype(dtype).name), context=context()).result()
+    return ts.open(spec, create=True, dtype=ts.dtype(np.dtype(dtype).name), context=context())
+
+
+def create_array(
+    path: str | os.PathLike[str], shape: Sequence[int], dtype: np.dtype[Any], chunks: Sequence[int]
+) -> None:
+    """Create an empty zarr array (metadata only) at ``path`` (see ``create_array_async``)."""
+    create_array_async(path, shape, dtype, chunks).result()
+
+
+def open_array_async(path: str | os.PathLike[str]) -> ts.Future[ts.TensorStore]:
+    """Start opening an existing zarr array; the future's result is the store.
+
+    A restore starts every leaf's open at once: each one reads a ``.zarray`` file,
+    which after a cache drop is a disk round trip, and done one after the other
+    they add up.
+    """
+    spec = _spec(path)
+    spec["store_data_equal_to_fill_value"] = True
+    return ts.open(spec, open=True, context=context())
 
 
 def open_array(path: str | os.PathLike[str]) -> ts.TensorStore:
     """Open an existing zarr array for reading or writing."""
-    spec = _spec(path)
-    spec["store_data_equal_to_fill_value"] = True
-    return ts.open(spec, open=True, context=context()).result()
+    store: ts.TensorStore = open_array_async(path).result()
+    return store

@@ -14,19 +14,26 @@ import numpy as np
 
 from nbckpt.engine import hooks
 from nbckpt.engine.snapshot import Snapshot
-from nbckpt.engine.storage import create_array, open_array
+from nbckpt.engine.storage import create_array_async, open_array
 
 __all__ = ["chunk_crc32", "chunk_key", "chunk_regions", "create_arrays", "write_shards"]
 
 
 def create_arrays(directory: Path, snap: Snapshot) -> None:
-    """Create the (empty) zarr array of every array leaf under ``directory``."""
-    for meta in snap.leaves:
-        if meta["kind"] == "scalar":
-            continue
-        create_array(
+    """Create the (empty) zarr array of every array leaf under ``directory``.
+
+    All creations are started before any is waited for: each one makes a directory
+    and fsyncs a ``.zarray`` file, and one after the other they add up.
+    """
+    futures = [
+        create_array_async(
             directory / meta["name"], meta["shape"], np.dtype(meta["dtype"]), meta["chunks"]
         )
+        for meta in snap.leaves
+        if meta["kind"] != "scalar"
+    ]
+    for f in futures:
+        f.result()
 
 
 def chunk_key(region: tuple[slice, ...], chunks: Sequence[int]) -> str:

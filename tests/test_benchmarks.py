@@ -1,0 +1,41 @@
+"""Smoke test of the side-by-side benchmark: it runs and reports, speeds are not checked."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from importlib.util import find_spec
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.multihost
+COMPARE = Path(__file__).resolve().parent.parent / "benchmarks" / "compare.py"
+
+
+def test_compare_quick_reports_every_measure(tmp_path):
+    out = tmp_path / "RESULTS.md"
+    cmd = [sys.executable, str(COMPARE), "--quick", "--dir", str(tmp_path), "--out", str(out)]
+    has_orbax = find_spec("orbax") is not None
+    if not has_orbax:
+        cmd.append("--no-orbax")  # the dev install is lean: nbckpt and raw tensorstore only
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert lines[-1].startswith("SUMMARY (")
+    assert "targets met" in lines[-1]
+    report = out.read_text()
+    for heading in (
+        "## Machine",
+        "### Save and cold restore",
+        "### Barrier round trip",
+        "### Journal and live-view overhead",
+        "### Throughput by process count",
+        "### Targets",
+    ):
+        assert heading in report
+    for measure in ("`save` blocks", "durable commit", "cold restore", "peak RSS"):
+        assert measure in report
+    if not has_orbax:
+        assert "n/a" in report  # the Orbax columns are there, empty
+    assert not list(tmp_path.glob("nbckpt-compare-*")), "the scratch directory was left behind"
