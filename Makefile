@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 LAB_SOURCES := $(wildcard labextension/src/*.ts labextension/style/* labextension/schema/*) \
 	labextension/package.json labextension/yarn.lock
 
-.PHONY: setup demo test lint browser-deps bench clean
+.PHONY: setup demo test lint browser-deps bench compare clean
 
 setup: $(STAMP)
 
@@ -43,6 +43,11 @@ test: lint browser-deps
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/engine_bench.py
+
+# The side-by-side comparison with Orbax (the bench extra) and the disk's limit.
+compare: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e ".[dev,bench]"
+	$(BIN)/python benchmarks/compare.py --sizes 64M,256M,1G,4G --reps 5
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
