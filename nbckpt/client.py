@@ -105,6 +105,8 @@ class SaveHandle:
     root: str
     blocked_s: list[float]
     client: CheckpointClient = field(repr=False)
+    #: Whether a wait has already reported how this save ended.
+    reported: bool = field(default=False, repr=False)
 
     def record(self) -> OperationRecord:
         """The merged journal of this save, as it stands now."""
@@ -142,8 +144,10 @@ class SaveHandle:
                     time.sleep(poll_s)
                     rec = self.record()
                 self.client._acknowledge(self.op)
+                self.reported = True
                 raise _failure(rec, self.root)
             if rec.status != "running":
+                self.reported = True
                 return rec
             dead = self.client.cluster.dead_processes()
             if 0 in dead:
@@ -324,7 +328,10 @@ class CheckpointClient:
         return [h for h in self.handles if not h.done()]
 
     def wait(self, timeout_s: float | None = None) -> list[OperationRecord]:
-        """Wait for every save in flight; return their records.
+        """Wait for every save not reported yet; return their records.
+
+        A save that committed before this call is reported too, so ``%ckpt_save``
+        followed by ``%ckpt_wait`` always says how the save ended.
 
         Raises
         ------
@@ -332,7 +339,7 @@ class CheckpointClient:
             For the first save that failed (after waiting for all of them).
         """
         records, first_error = [], None
-        for handle in self.pending():
+        for handle in [h for h in self.handles if not h.reported]:
             try:
                 records.append(handle.wait(timeout_s))
             except SaveFailedError as e:

@@ -204,14 +204,14 @@ class NbckptMagics(Magics):
 
     @line_magic
     def ckpt_wait(self, line: str) -> None:
-        """Wait until every save in flight has committed (or raise its error)."""
+        """Wait for the saves not waited for yet, and say how each ended (or raise its error)."""
         if line.strip():
             raise UsageError("%ckpt_wait takes no arguments")
         records = self._client().wait()
         for rec in records:
             print(f"step {rec.step} committed ({rec.op})")
         if not records:
-            print("no save in flight")
+            print("no save to wait for")
 
     @magic_arguments()
     @argument("name", help="barrier name; the key is made unique per use")

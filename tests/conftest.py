@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from IPython.core.interactiveshell import InteractiveShell
 
 from nbckpt.procgroup import ProcessGroup
 
@@ -33,3 +34,11 @@ def group1() -> Iterator[ProcessGroup]:
     """One JAX process (no coordination service) with two CPU devices."""
     with ProcessGroup(1, devices_per_process=2, env=_ENV) as group:
         yield group
+
+
+@pytest.fixture(scope="session")
+def ip() -> InteractiveShell:
+    """The IPython shell the magic tests drive, with ``%load_ext nbckpt`` done."""
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "nbckpt")
+    return shell

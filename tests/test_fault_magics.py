@@ -6,7 +6,6 @@ import time
 
 import pytest
 from IPython.core.error import UsageError
-from IPython.core.interactiveshell import InteractiveShell
 
 from nbckpt.client import SaveFailedError
 from nbckpt.cluster import ClusterError, ClusterGoneError
@@ -27,9 +26,7 @@ ok = all(np.array_equal(s.data, full[s.index]) for s in restored["w"].addressabl
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    ip = InteractiveShell.instance()
-    ip.run_line_magic("load_ext", "nbckpt")
+def env(ip, tmp_path_factory):
     root = tmp_path_factory.mktemp("faults")
     ip.run_line_magic("ckpt_cluster", f"start -n 3 --dir {root}")
     magics = ip.magics_manager.registry["NbckptMagics"]

@@ -8,7 +8,6 @@ import time
 
 import pytest
 from IPython.core.error import UsageError
-from IPython.core.interactiveshell import InteractiveShell
 from matplotlib.figure import Figure
 
 pytestmark = pytest.mark.multihost
@@ -22,13 +21,6 @@ state = {f"w{i}": jax.make_array_from_callback(
              lambda idx: np.ones((1024, 1024), np.float32)[idx])
          for i in range(4)}
 """
-
-
-@pytest.fixture(scope="module")
-def ip():
-    shell = InteractiveShell.instance()
-    shell.run_line_magic("load_ext", "nbckpt")
-    return shell
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 from IPython.core.error import UsageError
-from IPython.core.interactiveshell import InteractiveShell
 
 from nbckpt.client import SaveFailedError
 from nbckpt.cluster import ClusterError
@@ -31,13 +30,6 @@ ok = all(np.array_equal(a.data, b.data) and a.index == b.index
          for a, b in zip(restored["w"].addressable_shards, state["w"].addressable_shards))
 ok = ok and np.array_equal(restored["host"], state["host"]) and restored["lr"] == 0.5
 """
-
-
-@pytest.fixture(scope="module")
-def ip():
-    shell = InteractiveShell.instance()
-    shell.run_line_magic("load_ext", "nbckpt")
-    return shell
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from nbckpt.procgroup import free_port
 
@@ -99,3 +100,22 @@ def running_lab(server_root: Path, home: Path) -> Iterator[tuple[str, str]]:
             proc.kill()
             proc.wait()
         log.close()
+
+
+@contextlib.contextmanager
+def lab_page(url: str) -> Iterator[Any]:
+    """A headless Chromium page on JupyterLab at ``url``, once JupyterLab has loaded."""
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.set_default_timeout(30_000)
+            page.goto(url)
+            page.wait_for_selector("#jp-main-dock-panel", state="visible", timeout=60_000)
+            page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=60_000)
+            yield page
+        finally:
+            browser.close()

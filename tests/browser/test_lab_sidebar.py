@@ -19,7 +19,7 @@ import pytest
 
 from nbckpt.layout import TMP_SUFFIX, all_steps
 from nbckpt.procgroup import ProcessGroup
-from tests.browser.labserver import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, REPO, running_lab
+from tests.browser.labserver import ARTIFACTS, REPO, lab_page, running_lab
 
 pytestmark = [pytest.mark.browser, pytest.mark.multihost]
 
@@ -50,61 +50,50 @@ def lab(server_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
 
 
 def test_sidebar_shows_states_and_timelines(lab: str, server_root: Path) -> None:
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
-    ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 900})
-            page.set_default_timeout(30_000)
-            page.goto(lab)
-            page.wait_for_selector("#jp-main-dock-panel", state="visible", timeout=60_000)
-            page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=60_000)
+    with lab_page(lab) as page:
+        # The command-palette entry opens the sidebar.
+        page.keyboard.press("Control+Shift+C")
+        palette = page.locator(".lm-CommandPalette-input")
+        palette.fill("Open Checkpoints Sidebar")
+        page.locator(".lm-CommandPalette-item", has_text="Open Checkpoints Sidebar").click()
+        sidebar = page.locator("#nbckpt-sidebar")
+        expect(sidebar).to_be_visible()
 
-            # The command-palette entry opens the sidebar.
-            page.keyboard.press("Control+Shift+C")
-            palette = page.locator(".lm-CommandPalette-input")
-            palette.fill("Open Checkpoints Sidebar")
-            page.locator(".lm-CommandPalette-item", has_text="Open Checkpoints Sidebar").click()
-            sidebar = page.locator("#nbckpt-sidebar")
-            expect(sidebar).to_be_visible()
+        sidebar.locator(".nbckpt-root-input").fill("ckpt")
+        sidebar.locator(".nbckpt-root-open").click()
+        steps = sidebar.locator(".nbckpt-steps")
+        complete = steps.locator("tr.nbckpt-step[data-path='1']")
+        abandoned = steps.locator("tr.nbckpt-step[data-path='2.nbckpt-tmp']")
+        expect(complete.locator(".nbckpt-badge-complete")).to_have_text("complete")
+        expect(abandoned.locator(".nbckpt-badge-abandoned")).to_have_text("abandoned")
+        expect(complete.locator(".nbckpt-procs")).to_have_text("2")
+        expect(complete.locator(".nbckpt-size")).to_contain_text("KiB")
+        page.screenshot(path=ARTIFACTS / "lab_sidebar_steps.png")
 
-            sidebar.locator(".nbckpt-root-input").fill("ckpt")
-            sidebar.locator(".nbckpt-root-open").click()
-            steps = sidebar.locator(".nbckpt-steps")
-            complete = steps.locator("tr.nbckpt-step[data-path='1']")
-            abandoned = steps.locator("tr.nbckpt-step[data-path='2.nbckpt-tmp']")
-            expect(complete.locator(".nbckpt-badge-complete")).to_have_text("complete")
-            expect(abandoned.locator(".nbckpt-badge-abandoned")).to_have_text("abandoned")
-            expect(complete.locator(".nbckpt-procs")).to_have_text("2")
-            expect(complete.locator(".nbckpt-size")).to_contain_text("KiB")
-            page.screenshot(path=ARTIFACTS / "lab_sidebar_steps.png")
+        # The committed save: one row per process, barrier waits drawn apart.
+        complete.click()
+        timeline = sidebar.locator(".nbckpt-timeline-section")
+        expect(timeline.locator(".nbckpt-badge-committed")).to_be_visible()
+        rows = timeline.locator(".nbckpt-timeline-row")
+        expect(rows).to_have_count(2)
+        assert rows.nth(0).get_attribute("data-process") == "0"
+        assert rows.nth(1).get_attribute("data-process") == "1"
+        for i in range(2):
+            expect(rows.nth(i).locator(".nbckpt-span-write")).to_have_count(1)
+            assert rows.nth(i).locator(".nbckpt-span-barrier").count() == 3
+        page.screenshot(path=ARTIFACTS / "lab_timeline_committed.png")
 
-            # The committed save: one row per process, barrier waits drawn apart.
-            complete.click()
-            timeline = sidebar.locator(".nbckpt-timeline-section")
-            expect(timeline.locator(".nbckpt-badge-committed")).to_be_visible()
-            rows = timeline.locator(".nbckpt-timeline-row")
-            expect(rows).to_have_count(2)
-            assert rows.nth(0).get_attribute("data-process") == "0"
-            assert rows.nth(1).get_attribute("data-process") == "1"
-            for i in range(2):
-                expect(rows.nth(i).locator(".nbckpt-span-write")).to_have_count(1)
-                assert rows.nth(i).locator(".nbckpt-span-barrier").count() == 3
-            page.screenshot(path=ARTIFACTS / "lab_timeline_committed.png")
+        # The killed save: it failed; process 0 timed out waiting for process 1.
+        abandoned.click()
+        expect(timeline.locator(".nbckpt-badge-failed")).to_be_visible()
+        expect(rows).to_have_count(2)
+        expect(timeline.locator(".nbckpt-span-failed").first).to_be_visible()
+        expect(timeline.locator(".nbckpt-timeline-errors")).to_contain_text("process 1")
+        page.screenshot(path=ARTIFACTS / "lab_timeline_abandoned.png")
 
-            # The killed save: it failed; process 0 timed out waiting for process 1.
-            abandoned.click()
-            expect(timeline.locator(".nbckpt-badge-failed")).to_be_visible()
-            expect(rows).to_have_count(2)
-            expect(timeline.locator(".nbckpt-span-failed").first).to_be_visible()
-            expect(timeline.locator(".nbckpt-timeline-errors")).to_contain_text("process 1")
-            page.screenshot(path=ARTIFACTS / "lab_timeline_abandoned.png")
-
-            _follow_a_save_in_progress(page, server_root / "ckpt")
-        finally:
-            browser.close()
+        _follow_a_save_in_progress(page, server_root / "ckpt")
 
 
 def _follow_a_save_in_progress(page: Any, root: Path) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from tests.browser.labserver import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, running_lab
+from tests.browser.labserver import ARTIFACTS, lab_page, running_lab
 
 pytestmark = [pytest.mark.browser, pytest.mark.multihost]
 
@@ -60,56 +60,47 @@ def _command(page, label: str) -> None:
 
 
 def test_save_widget_reaches_committed_on_every_row(lab: tuple[str, Path]) -> None:
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     url, root = lab
-    ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 900})
-            page.set_default_timeout(30_000)
-            page.goto(url)
-            page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=60_000)
-            cells = page.locator(".jp-Notebook .jp-Cell")
-            expect(cells).to_have_count(len(CELLS), timeout=60_000)
-            expect(
-                page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")
-            ).to_have_count(1, timeout=60_000)
-            # Run every cell above the last one (which stops the cluster).
-            cells.nth(len(CELLS) - 1).locator(".jp-InputArea-prompt").click()
-            _command(page, "Run All Above Selected Cell")
+    with lab_page(url) as page:
+        cells = page.locator(".jp-Notebook .jp-Cell")
+        expect(cells).to_have_count(len(CELLS), timeout=60_000)
+        expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")).to_have_count(
+            1, timeout=60_000
+        )
+        # Run every cell above the last one (which stops the cluster).
+        cells.nth(len(CELLS) - 1).locator(".jp-InputArea-prompt").click()
+        _command(page, "Run All Above Selected Cell")
 
-            widget = page.locator(".nbckpt-w")
-            expect(widget).to_be_visible(timeout=90_000)
-            rows = widget.locator("tr.nbckpt-w-row")
-            expect(rows).to_have_count(2)
-            # Process 0 waits 2 s for process 1 at write_complete; meanwhile a cell keeps
-            # the kernel busy. The rows still reach "committed" by themselves before it ends.
-            busy = cells.nth(BUSY).locator(".jp-InputArea-prompt")
-            waiting = widget.locator(".nbckpt-w-barrier[data-state='waiting']")
-            expect(waiting.first).to_have_text(
-                re.compile(r"write_complete \+\d+ ms, waiting for 1"), timeout=60_000
-            )
-            page.screenshot(path=ARTIFACTS / "lab_widget_waiting.png")
-            for p in (0, 1):
-                status = widget.locator(f"tr.nbckpt-w-row[data-process='{p}'] .nbckpt-w-status")
-                expect(status).to_have_text("committed", timeout=12_000)
-            expect(busy).to_have_text("[*]:")
-            expect(widget.locator(".nbckpt-w-badge")).to_have_text("committed")
-            expect(widget.locator(".nbckpt-w-barrier[data-state='released']")).to_have_count(6)
-            widget.scroll_into_view_if_needed()
-            page.screenshot(path=ARTIFACTS / "lab_widget_committed.png")
-            expect(page.locator(".jp-OutputArea-output", has_text="slept")).to_be_visible(
-                timeout=30_000
-            )
+        widget = page.locator(".nbckpt-w")
+        expect(widget).to_be_visible(timeout=90_000)
+        rows = widget.locator("tr.nbckpt-w-row")
+        expect(rows).to_have_count(2)
+        # Process 0 waits 2 s for process 1 at write_complete; meanwhile a cell keeps
+        # the kernel busy. The rows still reach "committed" by themselves before it ends.
+        busy = cells.nth(BUSY).locator(".jp-InputArea-prompt")
+        waiting = widget.locator(".nbckpt-w-barrier[data-state='waiting']")
+        expect(waiting.first).to_have_text(
+            re.compile(r"write_complete \+\d+ ms, waiting for 1"), timeout=60_000
+        )
+        page.screenshot(path=ARTIFACTS / "lab_widget_waiting.png")
+        for p in (0, 1):
+            status = widget.locator(f"tr.nbckpt-w-row[data-process='{p}'] .nbckpt-w-status")
+            expect(status).to_have_text("committed", timeout=12_000)
+        expect(busy).to_have_text("[*]:")
+        expect(widget.locator(".nbckpt-w-badge")).to_have_text("committed")
+        expect(widget.locator(".nbckpt-w-barrier[data-state='released']")).to_have_count(6)
+        widget.scroll_into_view_if_needed()
+        page.screenshot(path=ARTIFACTS / "lab_widget_committed.png")
+        expect(page.locator(".jp-OutputArea-output", has_text="slept")).to_be_visible(
+            timeout=30_000
+        )
 
-            # Leave no engines behind: run the last cell.
-            cells.nth(len(CELLS) - 1).locator(".jp-InputArea-prompt").click()
-            _command(page, "Run Selected Cell")
-            expect(page.locator(".jp-OutputArea-output", has_text="cluster stopped")).to_be_visible(
-                timeout=60_000
-            )
-        finally:
-            browser.close()
+        # Leave no engines behind: run the last cell.
+        cells.nth(len(CELLS) - 1).locator(".jp-InputArea-prompt").click()
+        _command(page, "Run Selected Cell")
+        expect(page.locator(".jp-OutputArea-output", has_text="cluster stopped")).to_be_visible(
+            timeout=60_000
+        )
     assert (root / "ckpt" / "1").is_dir()
