@@ -1,7 +1,21 @@
-"""Errors raised by nbckpt.
+"""Every error nbckpt raises on purpose: one hierarchy under :class:`NbckptError`.
 
 Every message is one line that says what happened and what to do next. None of these
-classes needs jax, so notebook-side code can catch them without importing it.
+classes needs jax, so notebook-side code can catch them without importing it::
+
+    NbckptError
+    ├── BarrierTimeoutError (also TimeoutError)
+    ├── PeerFailedError, PeerDeadError        a peer ended the operation
+    ├── CheckpointError                       a background save failed (engine side)
+    ├── StepExistsError (FileExistsError), StepNotFoundError (FileNotFoundError)
+    ├── RootNotWritableError (PermissionError), ForeignEntryError (FileExistsError)
+    ├── CommitRefusedError (FileExistsError)  commit-file mode cannot replace safely
+    ├── CorruptCheckpointError                a chunk failed its checksum on restore
+    └── ClusterError                          engines failed a call (notebook side)
+        ├── ClusterGoneError                  process 0 died
+        └── SaveFailedError                   a save failed on some processes
+
+:func:`who` and :func:`by_process` are the one way a message names processes.
 """
 
 from __future__ import annotations
@@ -11,20 +25,46 @@ from collections.abc import Iterable
 __all__ = [
     "BarrierTimeoutError",
     "CheckpointError",
+    "ClusterError",
+    "ClusterGoneError",
+    "CommitRefusedError",
+    "CorruptCheckpointError",
+    "ForeignEntryError",
     "NbckptError",
     "PeerDeadError",
     "PeerFailedError",
     "RootNotWritableError",
+    "SaveFailedError",
     "StepExistsError",
     "StepNotFoundError",
+    "by_process",
+    "outcome",
+    "who",
 ]
 
 
-def _names(processes: Iterable[int]) -> str:
-    procs = sorted(processes)
+def who(processes: Iterable[int]) -> str:
+    """Name processes in a message: ``process 2``, ``processes 0, 3``, or ``an engine``.
+
+    Negative indices stand for engines that could not be matched to a process.
+    """
+    procs = sorted(p for p in processes if p >= 0)
+    if not procs:
+        return "an engine"
     if len(procs) == 1:
         return f"process {procs[0]}"
     return "processes " + ", ".join(str(p) for p in procs)
+
+
+def by_process(errors: dict[int, str]) -> str:
+    """Join per-process error texts into one line, grouping processes with equal texts.
+
+    ``{0: "A", 1: "A", 3: "B"}`` reads ``processes 0, 1: A; process 3: B``.
+    """
+    grouped: dict[str, list[int]] = {}
+    for p, text in sorted(errors.items()):
+        grouped.setdefault(text, []).append(p)
+    return "; ".join(f"{who(ps)}: {text}" for text, ps in grouped.items())
 
 
 class NbckptError(Exception):
@@ -50,7 +90,7 @@ class BarrierTimeoutError(NbckptError, TimeoutError):
         self.timeout_s = timeout_s
         super().__init__(
             f"barrier {barrier!r} timed out after {timeout_s:g} s: "
-            f"{_names(self.missing)} did not arrive; check that "
+            f"{who(self.missing)} did not arrive; check that "
             f"{'it is' if len(self.missing) == 1 else 'they are'} alive and running the "
             "same operation, or raise timeout_s"
         )
@@ -91,7 +131,7 @@ class PeerDeadError(NbckptError):
         self.phase = phase
         self.silent_s = silent_s
         super().__init__(
-            f"{_names(self.processes)} died (no heartbeat for {silent_s:.1f} s) during "
+            f"{who(self.processes)} died (no heartbeat for {silent_s:.1f} s) during "
             f"{phase}; restart the cluster, then restore the latest complete step"
         )
 
@@ -113,11 +153,21 @@ class CheckpointError(NbckptError):
         The underlying error text.
     committed
         True when the step was finalized before the failure (a process died after
-        the commit): the step is complete on disk.
+        the commit, or removing old steps failed): the step is complete on disk.
+    previous_kept
+        True when ``step`` was committed before this save (a forced re-save) and that
+        earlier data is still there, complete.
     """
 
     def __init__(
-        self, op: str, step: int, process: int, phase: str, reason: str, committed: bool = False
+        self,
+        op: str,
+        step: int,
+        process: int,
+        phase: str,
+        reason: str,
+        committed: bool = False,
+        previous_kept: bool = False,
     ) -> None:
         self.op = op
         self.step = step
@@ -125,15 +175,20 @@ class CheckpointError(NbckptError):
         self.phase = phase
         self.reason = reason
         self.committed = committed
-        outcome = (
-            f"step {step} had been committed before the failure and is complete on disk"
-            if committed
-            else "nothing was committed for this step, earlier steps are untouched"
-        )
+        self.previous_kept = previous_kept
         super().__init__(
             f"save of step {step} ({op}) failed on process {process} during {phase}: "
-            f"{reason}; {outcome}"
+            f"{reason}; {outcome(step, committed, previous_kept)}"
         )
+
+
+def outcome(step: int | None, committed: bool, previous_kept: bool) -> str:
+    """Say what a failed save left on disk, in the words every message uses."""
+    if committed:
+        return f"step {step} had been committed before the failure and is complete on disk"
+    if previous_kept:
+        return f"the previously committed step {step} is untouched and still restorable"
+    return "nothing was committed for this step, earlier steps are untouched"
 
 
 class StepExistsError(NbckptError, FileExistsError):
@@ -168,4 +223,64 @@ class RootNotWritableError(NbckptError, PermissionError):
         super().__init__(
             f"checkpoint root {root} is not writable from process {process} ({reason}); "
             "choose a directory every process can write, nothing was saved"
+        )
+
+
+class ForeignEntryError(NbckptError, FileExistsError):
+    """A path nbckpt would write holds something nbckpt did not create."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        super().__init__(
+            f"{path} exists and was not created by nbckpt, which never writes over or "
+            "deletes it (even with force); nothing was written: move it away or pick "
+            "another step"
+        )
+
+
+class CorruptCheckpointError(NbckptError, ValueError):
+    """A chunk read back does not match the checksum recorded when it was saved."""
+
+    def __init__(self, path: str, detail: str) -> None:
+        self.path = path
+        self.detail = detail
+        super().__init__(
+            f"checkpoint data at {path} is damaged ({detail}); nothing was restored: "
+            "restore another step, and run %ckpt_fsck --verify to see what else is hurt"
+        )
+
+
+class ClusterError(NbckptError):
+    """Something went wrong on one or more engines; the message names the processes."""
+
+    def __init__(self, message: str, processes: list[int] | None = None) -> None:
+        self.processes = processes or []
+        super().__init__(message)
+
+
+class ClusterGoneError(ClusterError):
+    """Process 0 died, and with it the coordination service and every JAX process."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "the JAX cluster is gone: process 0, which hosts the coordination service, "
+            "died and every JAX process ended with it; run %ckpt_cluster restart, then "
+            "%ckpt_restore VAR to resume from the latest complete step",
+            [0],
+        )
+
+
+class SaveFailedError(ClusterError):
+    """A save failed on one or more processes; the message says what is on disk."""
+
+
+class CommitRefusedError(NbckptError, FileExistsError):
+    """A forced re-save in commit-file mode would have to delete the committed step first."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        super().__init__(
+            f"step already committed at {path}, and commit-file mode writes in place, so "
+            "replacing it would lose it if the new save failed; nothing was written: save "
+            "under a new step, or use mode='rename' to replace it safely"
         )

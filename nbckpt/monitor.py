@@ -10,18 +10,19 @@ missing, finalize, commit, error). The widget, the terminal progress and
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nbckpt.journal import OperationRecord, ProcessRecord, merge_events
+from nbckpt.journal import JournalReader, OperationRecord, ProcessRecord, merge_events
 from nbckpt.layout import ops_dir
+from nbckpt.protocol import BARRIER_PREFIX, END_EVENT, Event, Kind, Phase, Status
 
 __all__ = [
     "BarrierView",
+    "barrier_report_view",
     "JournalTailer",
     "OperationView",
     "ProcessView",
@@ -29,12 +30,12 @@ __all__ = [
 ]
 
 # The label of the state a process is in right after each event, when no phase is open.
-_AFTER = {
-    "snapshot_done": "prepare",
-    "tmp_ready": "tmp_ready",
-    "write_done": "written",
-    "finalized": "finalized",
-    "read_done": "read done",
+_AFTER: dict[str, str] = {
+    Event.SNAPSHOT_DONE: Phase.PREPARE,
+    Event.TMP_READY: Event.TMP_READY,
+    Event.WRITE_DONE: "written",
+    Event.FINALIZED: Event.FINALIZED,
+    Event.READ_DONE: "read done",
 }
 
 
@@ -105,7 +106,7 @@ class ProcessView:
     @property
     def barrier(self) -> BarrierView | None:
         """The barrier it waits at now, if any."""
-        if self.barriers and self.barriers[-1].released is None and self.status == "running":
+        if self.barriers and self.barriers[-1].released is None and self.status == Status.RUNNING:
             return self.barriers[-1]
         return None
 
@@ -135,12 +136,12 @@ def _events_at(rec: ProcessRecord, name: str) -> list[dict[str, Any]]:
 def _process_view(
     rec: ProcessRecord, kind: str, entered: dict[str, dict[int, float]], everyone: list[int]
 ) -> ProcessView:
-    view = ProcessView(process=rec.process, phase="not started", status=rec.status)
+    view = ProcessView(process=rec.process, phase=Status.NOT_STARTED, status=rec.status)
     view.bytes_total, view.bytes_written = rec.bytes_total, rec.bytes_written
     if rec.events:
         view.last_event = max(float(e.get("t", 0.0)) for e in rec.events)
-    exits = {str(e.get("name")): float(e["t"]) for e in _events_at(rec, "barrier_exit")}
-    for ev in _events_at(rec, "barrier_enter"):
+    exits = {str(e.get("name")): float(e["t"]) for e in _events_at(rec, Event.BARRIER_EXIT)}
+    for ev in _events_at(rec, Event.BARRIER_ENTER):
         name, t = str(ev.get("name")), float(ev["t"])
         arrivals = entered.get(name, {})
         released = exits.get(name)
@@ -148,27 +149,27 @@ def _process_view(
         later = sorted(p for p, tp in arrivals.items() if tp > t and p != rec.process)
         view.barriers.append(BarrierView(name, t, released, waiting, later))
     for span in rec.phases:
-        if span.name == "finalize":
+        if span.name == Phase.FINALIZE:
             view.finalize = (span.start, span.end)
     for ev in rec.events:
-        if ev.get("event") in ("committed", "restored"):
+        if ev.get("event") in (Event.COMMITTED, Event.RESTORED):
             view.committed = float(ev["t"])
-        elif ev.get("event") == "failed":
-            view.error = str(ev.get("error", "")) or "failed"
+        elif ev.get("event") == Event.FAILED:
+            view.error = str(ev.get("error", "")) or Status.FAILED
             view.error_phase = str(ev.get("phase", "")) or None
-    if rec.status != "running":
+    if rec.status != Status.RUNNING:
         view.phase = rec.status
-    elif any(s.status == "open" for s in rec.phases):
-        view.phase = [s for s in rec.phases if s.status == "open"][-1].name
+    elif any(s.status == Status.OPEN for s in rec.phases):
+        view.phase = [s for s in rec.phases if s.status == Status.OPEN][-1].name
     elif rec.events:
         last = rec.events[-1]
         name = str(last.get("event"))
-        if name == "barrier_exit":
-            view.phase = f"barrier:{last.get('name')} released"
+        if name == Event.BARRIER_EXIT:
+            view.phase = f"{BARRIER_PREFIX}{last.get('name')} released"
         else:
             view.phase = _AFTER.get(name, name)
     # A save's write bar has a total from the snapshot; a restore's from read_done.
-    if kind != "save" and view.bytes_total == 0:
+    if kind != Kind.SAVE and view.bytes_total == 0:
         view.bytes_total = view.bytes_written
     return view
 
@@ -191,13 +192,15 @@ def view_state(record: OperationRecord) -> OperationView:
     everyone = sorted(set(range(record.process_count)) | set(record.processes))
     entered: dict[str, dict[int, float]] = {}
     for p, rec in record.processes.items():
-        for ev in _events_at(rec, "barrier_enter"):
+        for ev in _events_at(rec, Event.BARRIER_ENTER):
             entered.setdefault(str(ev.get("name")), {})[p] = float(ev["t"])
     views = []
     for p in everyone:
         found = record.processes.get(p)
         if found is None:
-            views.append(ProcessView(process=p, phase="not started", status="not started"))
+            views.append(
+                ProcessView(process=p, phase=Status.NOT_STARTED, status=Status.NOT_STARTED)
+            )
         else:
             views.append(_process_view(found, record.kind, entered, everyone))
     return OperationView(
@@ -212,8 +215,29 @@ def view_state(record: OperationRecord) -> OperationView:
     )
 
 
+def barrier_report_view(
+    name: str, key: str, entered: dict[int, float], left: dict[int, float]
+) -> OperationView:
+    """The view of a finished barrier that kept no journal.
+
+    Built from the arrival and release times each process sent back, as if it had
+    journaled them.
+    """
+    n = len(entered)
+    events = {
+        p: [
+            {"t": t, "event": Event.REQUESTED, "kind": Kind.BARRIER, "process_count": n},
+            {"t": t, "event": Event.BARRIER_ENTER, "name": name},
+            {"t": left[p], "event": Event.BARRIER_EXIT, "name": name},
+            {"t": left[p], "event": END_EVENT[Kind.BARRIER]},
+        ]
+        for p, t in entered.items()
+    }
+    return view_state(merge_events(key, events))
+
+
 class JournalTailer:
-    """Read one operation's journal incrementally.
+    """Follow one operation's journal as it grows (:class:`~nbckpt.journal.JournalReader`).
 
     Parameters
     ----------
@@ -223,21 +247,12 @@ class JournalTailer:
         The operation id. It may contain ``*`` (a glob over the operation folders):
         the first folder that matches, once one exists, is followed. The folder need
         not exist yet; :meth:`poll` finds nothing until it does.
-
-    Notes
-    -----
-    Each :meth:`poll` lists the folder (a process's file appears when it records its
-    first event), reads from the last offset of each file, and keeps an incomplete
-    last line for the next poll, so a line torn by a writer mid-flush is never parsed
-    half-written.
     """
 
     def __init__(self, root: str | os.PathLike[str], op: str) -> None:
         self.root = Path(root)
         self.op = op
-        self._offsets: dict[int, int] = {}
-        self._partial: dict[int, bytes] = {}
-        self._events: dict[int, list[dict[str, Any]]] = {}
+        self._reader: JournalReader | None = None
         self._record: OperationRecord | None = None
         self.polled_at: float | None = None
 
@@ -254,54 +269,19 @@ class JournalTailer:
     def poll(self) -> bool:
         """Read what was appended since the last poll; tell whether there was anything."""
         self.polled_at = time.time()
-        folder = self._folder()
-        if folder is None or not folder.is_dir():
-            if self._record is None:
-                self._record = self._merge()
-            return False
-        grew = False
-        for path in folder.glob("process_*.jsonl"):
-            try:
-                process = int(path.stem.removeprefix("process_"))
-            except ValueError:
-                continue
-            offset = self._offsets.get(process, 0)
-            try:
-                with open(path, "rb") as f:
-                    f.seek(offset)
-                    chunk = f.read()
-            except FileNotFoundError:
-                continue
-            if not chunk:
-                continue
-            self._offsets[process] = offset + len(chunk)
-            data = self._partial.pop(process, b"") + chunk
-            lines = data.split(b"\n")
-            if lines[-1]:
-                self._partial[process] = lines[-1]
-            events = self._events.setdefault(process, [])
-            for line in lines[:-1]:
-                try:
-                    ev = json.loads(line)
-                except ValueError:
-                    continue  # a torn line from a killed writer
-                if isinstance(ev, dict):
-                    events.append(ev)
-                    grew = True
+        if self._reader is None:
+            folder = self._folder()
+            if folder is not None:
+                self._reader = JournalReader(folder)
+        grew = self._reader.read() if self._reader is not None else False
         if grew or self._record is None:
-            self._record = self._merge()
+            self._record = merge_events(self.op, self._reader.events if self._reader else {})
         return grew
-
-    def _merge(self) -> OperationRecord:
-        if not self._events:
-            # Nothing recorded yet: running, not (as an empty merge would say) done.
-            return OperationRecord(self.op, "save", None, "running", None, None, 0, {})
-        return merge_events(self.op, self._events)
 
     @property
     def event_count(self) -> int:
         """How many events have been read so far, over all processes."""
-        return sum(len(v) for v in self._events.values())
+        return self._reader.event_count if self._reader is not None else 0
 
     def record(self) -> OperationRecord:
         """The merged journal as of the last :meth:`poll` (polls once if never polled)."""

@@ -1,16 +1,288 @@
-"""Names of the save protocol, shared by the engine and the notebook side (no jax)."""
+"""Every name and id of the nbckpt protocol, in one place (no jax, no IPython).
+
+The engine writes these words into the journal and the key-value store; the journal
+readers, the views, the server and (through the server's ``/nbckpt/api/protocol``
+route) the TypeScript sidebar read them back. Nothing else spells them: a module that
+needs a phase, an event, a status or an op id imports it from here.
+
+The data path these names travel::
+
+    notebook (magics -> client) --ipyparallel--> engine (agent -> checkpointer)
+        -> storage (tensorstore arrays, metadata, commit)   <root>/<step>/...
+        -> journal (one JSONL file per process per op)      <root>/.nbckpt/ops/<op>/
+        -> views (monitor -> widgets, timeline, server -> lab sidebar)
+"""
 
 from __future__ import annotations
 
-__all__ = ["PHASES"]
+import math
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any, Final, Literal
 
-#: The phases of a save, in order; fault hooks fire as each one starts.
-PHASES = (
-    "snapshot",
-    "prepare",
-    "barrier:tmp_ready",
-    "write",
-    "barrier:write_complete",
-    "finalize",
-    "barrier:commit_complete",
+__all__ = [
+    "BARRIERS",
+    "DEFAULT_BARRIER_TIMEOUT_S",
+    "DEFAULT_SAVE_TIMEOUT_S",
+    "MODES",
+    "PHASES",
+    "SPANS",
+    "Barrier",
+    "Cause",
+    "Event",
+    "Kind",
+    "Mode",
+    "OpId",
+    "Phase",
+    "Status",
+    "as_json",
+    "barrier_key",
+    "barrier_phase",
+    "check_name",
+    "check_timeout",
+    "new_op_id",
+    "parse_op_id",
+]
+
+
+class Phase(StrEnum):
+    """What a process is doing; fault hooks fire as each save phase starts."""
+
+    SNAPSHOT = "snapshot"
+    PREPARE = "prepare"
+    WRITE = "write"
+    FINALIZE = "finalize"
+    RETENTION = "retention"
+    READ = "read"
+
+
+class Barrier(StrEnum):
+    """The barriers of a save, in order."""
+
+    TMP_READY = "tmp_ready"
+    WRITE_COMPLETE = "write_complete"
+    COMMIT_COMPLETE = "commit_complete"
+
+
+#: The prefix of a barrier wait's phase name: ``barrier:<name>``.
+BARRIER_PREFIX: Final = "barrier:"
+
+
+def barrier_phase(name: str) -> str:
+    """Return the phase name of waiting at barrier ``name`` (``barrier:<name>``)."""
+    return f"{BARRIER_PREFIX}{name}"
+
+
+#: The phases of a save, in order; ``%ckpt_fault --at`` takes one of these.
+PHASES: Final[tuple[str, ...]] = (
+    Phase.SNAPSHOT,
+    Phase.PREPARE,
+    barrier_phase(Barrier.TMP_READY),
+    Phase.WRITE,
+    barrier_phase(Barrier.WRITE_COMPLETE),
+    Phase.FINALIZE,
+    barrier_phase(Barrier.COMMIT_COMPLETE),
 )
+
+BARRIERS: Final[tuple[str, ...]] = tuple(Barrier)
+
+
+class Event(StrEnum):
+    """The events a process journals, in the order a successful save emits them.
+
+    Restores use ``requested``, ``read_started``, ``read_done`` and ``restored``;
+    ``write_progress`` repeats while shards are written.
+    """
+
+    REQUESTED = "requested"
+    SNAPSHOT_DONE = "snapshot_done"
+    TMP_READY = "tmp_ready"
+    WRITE_STARTED = "write_started"
+    WRITE_PROGRESS = "write_progress"
+    WRITE_DONE = "write_done"
+    BARRIER_ENTER = "barrier_enter"
+    BARRIER_EXIT = "barrier_exit"
+    FINALIZE_STARTED = "finalize_started"
+    FINALIZED = "finalized"
+    COMMITTED = "committed"
+    FAILED = "failed"
+    READ_STARTED = "read_started"
+    READ_DONE = "read_done"
+    RESTORED = "restored"
+
+
+#: (start event, end event, phase) of each span a view draws; barrier waits are
+#: paired by their ``name`` field instead.
+SPANS: Final[tuple[tuple[Event, Event, Phase], ...]] = (
+    (Event.REQUESTED, Event.SNAPSHOT_DONE, Phase.SNAPSHOT),
+    (Event.WRITE_STARTED, Event.WRITE_DONE, Phase.WRITE),
+    (Event.FINALIZE_STARTED, Event.FINALIZED, Phase.FINALIZE),
+    (Event.READ_STARTED, Event.READ_DONE, Phase.READ),
+)
+
+
+class Kind(StrEnum):
+    """The kinds of operation that get a journal."""
+
+    SAVE = "save"
+    RESTORE = "restore"
+    BARRIER = "barrier"
+
+
+class Status(StrEnum):
+    """Where an operation (or one process of it) stands."""
+
+    NOT_STARTED = "not started"
+    RUNNING = "running"
+    COMMITTED = "committed"
+    RESTORED = "restored"
+    FAILED = "failed"
+    # A span of a phase: finished, still open, or cut short by a failure.
+    DONE = "done"
+    OPEN = "open"
+
+
+#: The event (and status) that ends an operation of each kind successfully.
+END_EVENT: Final[dict[str, Event]] = {
+    Kind.SAVE: Event.COMMITTED,
+    Kind.RESTORE: Event.RESTORED,
+    Kind.BARRIER: Event.COMMITTED,
+}
+
+
+class Cause(StrEnum):
+    """Why a process failed, journaled as data with its ``failed`` event.
+
+    ``ERROR`` is a failure of the process itself (the first on record is the culprit);
+    the others say it gave up because of someone else, named by ``culprit``.
+    """
+
+    ERROR = "error"
+    PEER_FAILED = "peer_failed"
+    PEER_DEAD = "peer_dead"
+    TIMEOUT = "timeout"
+
+
+#: How a save is finalized: rename a temporary directory, or write a commit file.
+Mode = Literal["rename", "commit_file"]
+MODES: Final[tuple[Mode, ...]] = ("rename", "commit_file")
+RENAME: Final[Mode] = "rename"
+COMMIT_FILE_MODE: Final[Mode] = "commit_file"
+
+DEFAULT_SAVE_TIMEOUT_S: Final = 300.0
+DEFAULT_BARRIER_TIMEOUT_S: Final = 60.0
+
+# -- operation ids --------------------------------------------------------------------
+
+_STAMP = "%Y%m%dT%H%M%S.%f"
+_OP_RE = re.compile(r"^(?P<time>\d{8}T\d{6}(?:\.\d{6})?)-(?P<kind>[a-z]+)-(?P<rest>.+)$")
+
+
+@dataclass(frozen=True)
+class OpId:
+    """An operation id, parsed.
+
+    Saves and restores are ``<UTC time>-<kind>-<step>``; a journaled user barrier is
+    ``<UTC time>-barrier-<key>-<name>``. Ids begin with their start time, so name
+    order is time order.
+    """
+
+    op: str
+    time: str
+    kind: str
+    step: int | None
+    key: str | None = None
+    name: str | None = None
+
+
+def new_op_id(kind: str, step: int, now: datetime | None = None) -> str:
+    """Return a fresh operation id for a save or restore of ``step``."""
+    stamp = (now or datetime.now(UTC)).strftime(_STAMP)
+    return f"{stamp}-{kind}-{step}"
+
+
+def barrier_op_id(key: str, name: str, now: datetime | None = None) -> str:
+    """Return the journal folder name of one use of a user barrier."""
+    stamp = (now or datetime.now(UTC)).strftime(_STAMP)
+    return f"{stamp}-{Kind.BARRIER}-{key}-{name}"
+
+
+def barrier_op_glob(key: str, name: str) -> str:
+    """The glob that finds :func:`barrier_op_id`'s folder before its time is known."""
+    return f"*-{Kind.BARRIER}-{key}-{name}"
+
+
+def parse_op_id(op: str) -> OpId | None:
+    """Parse an operation id; None if ``op`` is not one nbckpt makes."""
+    m = _OP_RE.match(op)
+    if m is None:
+        return None
+    kind, rest = m["kind"], m["rest"]
+    if kind == Kind.BARRIER:
+        key, _, name = rest.partition("-")
+        return OpId(op, m["time"], kind, None, key=key, name=name or None)
+    if not rest.isascii() or not rest.isdigit():
+        return None
+    return OpId(op, m["time"], kind, int(rest))
+
+
+#: Every key nbckpt puts in the coordination service's store starts with this.
+KEY_PREFIX: Final = "nbckpt"
+#: Under an operation's keys: where a process records that it failed, and where the
+#: primary publishes whether it finalized (``committed`` or ``failed``).
+FAILED_KEY: Final = "failed"
+DECISION_KEY: Final = "decision"
+
+
+def barrier_key(op: str, name: str) -> str:
+    """Return the key-value prefix of barrier (or agreement) ``name`` of operation ``op``."""
+    return f"{KEY_PREFIX}/{op}/{name}"
+
+
+# -- checks shared by every entry point ------------------------------------------------
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
+
+
+def check_name(name: object, what: str = "barrier name") -> str:
+    """Return ``name`` if it is safe as a key and a file name, else raise ValueError.
+
+    ASCII letters, digits, ``_``, and ``.`` or ``-`` after the first character, at
+    most 64 characters and no ``..``: no ``/``, so a name never leaves its folder.
+    """
+    if not isinstance(name, str) or not name.isascii() or not _NAME_RE.match(name) or ".." in name:
+        raise ValueError(
+            f"{what} must be 1 to 64 ASCII letters, digits, '_', '.' or '-', starting with "
+            f"a letter, digit or '_', got {name!r}"
+        )
+    return name
+
+
+def check_timeout(value: object, what: str = "timeout") -> float:
+    """Return ``value`` as a float if it is a finite positive number, else raise ValueError."""
+    try:
+        seconds = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be a number of seconds, got {value!r}") from None
+    if isinstance(value, bool) or not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(f"{what} must be a finite number of seconds above 0, got {value!r}")
+    return seconds
+
+
+def as_json() -> dict[str, Any]:
+    """Return the protocol's names as JSON-able data, for the lab extension."""
+    return {
+        "phases": list(PHASES),
+        "barriers": list(BARRIERS),
+        "barrier_prefix": BARRIER_PREFIX,
+        "events": [e.value for e in Event],
+        "spans": [[s.value, e.value, p.value] for s, e, p in SPANS],
+        "statuses": {s.name.lower(): s.value for s in Status},
+        "kinds": [k.value for k in Kind],
+        "kind_names": {k.name.lower(): k.value for k in Kind},
+        "causes": [c.value for c in Cause],
+        "modes": list(MODES),
+        "phase_names": {p.name.lower(): p.value for p in Phase},
+    }

@@ -25,9 +25,16 @@ def test_top_level_public_names_are_pinned():
     assert set(nbckpt.__all__) == {
         "BarrierTimeoutError",
         "CheckpointError",
+        "ClusterError",
+        "ClusterGoneError",
+        "CommitRefusedError",
+        "CorruptCheckpointError",
+        "ForeignEntryError",
         "NbckptError",
+        "PeerDeadError",
         "PeerFailedError",
         "RootNotWritableError",
+        "SaveFailedError",
         "StepExistsError",
         "StepNotFoundError",
         "__version__",
@@ -47,12 +54,15 @@ def _imported_after(code: str) -> set[str]:
 
 
 def test_notebook_side_modules_do_not_import_jax():
+    # Importing is not all: tests/test_kernel_imports.py also drives a real cluster.
     mods = _imported_after(
-        "import nbckpt, nbckpt.journal, nbckpt.layout, nbckpt.errors, nbckpt.procgroup, "
-        "nbckpt.monitor, nbckpt.widgets, nbckpt.widgets.progress, nbckpt.widgets.live, "
-        "nbckpt.widgets.timeline, nbckpt.widgets.text"
+        "import nbckpt, nbckpt.client, nbckpt.cluster, nbckpt.magics, nbckpt.inventory, "
+        "nbckpt.fsck, nbckpt.server, nbckpt.protocol, nbckpt.journal, nbckpt.layout, "
+        "nbckpt.errors, nbckpt.procgroup, nbckpt.monitor, nbckpt.widgets, "
+        "nbckpt.widgets.progress, nbckpt.widgets.live, nbckpt.widgets.timeline, "
+        "nbckpt.widgets.text"
     )
-    assert "jax" not in mods and "tensorstore" not in mods
+    assert not {"jax", "tensorstore", "nbckpt.engine"} & mods
 
 
 def test_widgets_public_names_are_pinned_and_imported_lazily():
@@ -72,6 +82,7 @@ def test_widgets_public_names_are_pinned_and_imported_lazily():
         "JournalTailer",
         "OperationView",
         "ProcessView",
+        "barrier_report_view",
         "view_state",
     }
     mods = _imported_after("import nbckpt.widgets")
@@ -79,5 +90,15 @@ def test_widgets_public_names_are_pinned_and_imported_lazily():
 
 
 def test_engine_does_not_import_ipython():
-    mods = _imported_after("import nbckpt.engine")
+    mods = _imported_after("import nbckpt.engine, nbckpt.engine.agent, nbckpt.engine.process")
     assert not {"IPython", "ipyparallel", "ipywidgets"} & mods
+
+
+def test_every_error_is_one_hierarchy_under_nbckpt_error():
+    import nbckpt.errors
+
+    for name in nbckpt.errors.__all__:
+        obj = getattr(nbckpt.errors, name)
+        if isinstance(obj, type):
+            assert issubclass(obj, nbckpt.NbckptError), name
+            assert getattr(nbckpt, name) is obj, f"nbckpt.{name} is not exported"

@@ -5,6 +5,7 @@ operation into a single record (:func:`read_operation`). Nothing here needs jax.
 """
 
 from nbckpt.journal._reader import (
+    JournalReader,
     OperationRecord,
     PhaseSpan,
     ProcessRecord,
@@ -16,6 +17,7 @@ from nbckpt.journal._writer import EVENTS, JournalWriter
 
 __all__ = [
     "EVENTS",
+    "JournalReader",
     "JournalWriter",
     "OperationRecord",
     "PhaseSpan",

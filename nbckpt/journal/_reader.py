@@ -1,4 +1,9 @@
-"""Merge the per-process journal files of an operation into one record."""
+"""Read the per-process journal files of an operation, and merge them into one record.
+
+:class:`JournalReader` is the one reader: it re-reads ``process_*.jsonl`` files
+incrementally (remembering each file's offset, keeping a torn last line for the next
+read), and :func:`read_operation` is a single read with it.
+"""
 
 from __future__ import annotations
 
@@ -10,15 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from nbckpt.layout import ops_dir
-
-# (start event, end event, phase name); barriers are paired by their ``name`` field.
-_SPANS = (
-    ("requested", "snapshot_done", "snapshot"),
-    ("write_started", "write_done", "write"),
-    ("finalize_started", "finalized", "finalize"),
-    ("read_started", "read_done", "read"),
-)
-_END_EVENTS = {"save": "committed", "restore": "restored"}
+from nbckpt.protocol import BARRIER_PREFIX, END_EVENT, SPANS, Event, Kind, Status
 
 
 @dataclass
@@ -26,7 +23,7 @@ class PhaseSpan:
     """One phase of one process: ``name`` from ``start`` to ``end`` (wall times).
 
     ``status`` is ``"done"``, ``"open"`` (still running, ``end`` is None) or
-    ``"failed"`` (the process failed inside it; ``end`` is the failure time).
+    ``Status.FAILED`` (the process failed inside it; ``end`` is the failure time).
     """
 
     name: str
@@ -42,7 +39,7 @@ class ProcessRecord:
     process: int
     events: list[dict[str, Any]] = field(default_factory=list)
     phases: list[PhaseSpan] = field(default_factory=list)
-    status: str = "running"
+    status: str = Status.RUNNING
     error: str | None = None
     bytes_total: int = 0
     bytes_written: int = 0
@@ -52,8 +49,8 @@ class ProcessRecord:
 class OperationRecord:
     """The merged journal of one operation across its processes.
 
-    ``status`` is ``"committed"`` (a save every process finished), ``"restored"``,
-    ``"failed"`` (some process recorded a failure) or ``"running"``.
+    ``status`` is :class:`~nbckpt.protocol.Status` ``COMMITTED`` (a save every process
+    finished), ``RESTORED``, ``FAILED`` (some process recorded a failure) or ``RUNNING``.
     """
 
     op: str
@@ -76,36 +73,36 @@ def _process_record(process: int, events: list[dict[str, Any]], kind: str) -> Pr
     rec = ProcessRecord(process=process, events=events)
     open_spans: dict[str, tuple[str, float]] = {}  # end event key -> (phase, start)
     failed_at: float | None = None
+    done = END_EVENT.get(kind, Event.COMMITTED)
     for ev in events:
         name, t = ev.get("event"), float(ev.get("t", 0.0))
-        for start_ev, end_ev, phase in _SPANS:
+        for start_ev, end_ev, span in SPANS:
             if name == start_ev:
-                open_spans[end_ev] = (phase, t)
+                open_spans[end_ev] = (span, t)
             elif name == end_ev and end_ev in open_spans:
                 phase, t0 = open_spans.pop(end_ev)
-                rec.phases.append(PhaseSpan(phase, t0, t, "done"))
-        if name == "barrier_enter":
-            open_spans[f"barrier_exit:{ev.get('name')}"] = (f"barrier:{ev.get('name')}", t)
-        elif name == "barrier_exit":
-            key = f"barrier_exit:{ev.get('name')}"
-            if key in open_spans:
-                phase, t0 = open_spans.pop(key)
-                rec.phases.append(PhaseSpan(phase, t0, t, "done"))
-        if name == "snapshot_done":
+                rec.phases.append(PhaseSpan(phase, t0, t, Status.DONE))
+        barrier_end = f"{Event.BARRIER_EXIT}:{ev.get('name')}"
+        if name == Event.BARRIER_ENTER:
+            open_spans[barrier_end] = (f"{BARRIER_PREFIX}{ev.get('name')}", t)
+        elif name == Event.BARRIER_EXIT and barrier_end in open_spans:
+            waited, t0 = open_spans.pop(barrier_end)
+            rec.phases.append(PhaseSpan(waited, t0, t, Status.DONE))
+        if name == Event.SNAPSHOT_DONE:
             rec.bytes_total = int(ev.get("bytes", rec.bytes_total))
-        elif name in ("write_progress", "write_done", "read_done"):
+        elif name in (Event.WRITE_PROGRESS, Event.WRITE_DONE, Event.READ_DONE):
             rec.bytes_written = max(rec.bytes_written, int(ev.get("bytes", 0)))
-        elif name == "failed":
+        elif name == Event.FAILED:
             failed_at = t
-            rec.status = "failed"
+            rec.status = Status.FAILED
             rec.error = str(ev.get("error", ""))
-        elif name == _END_EVENTS.get(kind, "committed"):
-            rec.status = name
+        elif name == done:
+            rec.status = str(done)
     for phase, t0 in open_spans.values():
         if failed_at is not None:
-            rec.phases.append(PhaseSpan(phase, t0, failed_at, "failed"))
+            rec.phases.append(PhaseSpan(phase, t0, failed_at, Status.FAILED))
         else:
-            rec.phases.append(PhaseSpan(phase, t0, None, "open"))
+            rec.phases.append(PhaseSpan(phase, t0, None, Status.OPEN))
     rec.phases.sort(key=lambda s: s.start)
     return rec
 
@@ -129,7 +126,7 @@ def merge_events(
     """
     all_events = [dict(e) for evs in events_by_process.values() for e in evs]
     first = min(all_events, key=lambda e: e.get("t", 0.0)) if all_events else {}
-    kind = str(first.get("kind", "save"))
+    kind = str(first.get("kind", Kind.SAVE))
     step = first.get("step")
     counts = [int(e["process_count"]) for e in all_events if "process_count" in e]
     process_count = max(counts) if counts else len(events_by_process)
@@ -138,13 +135,14 @@ def merge_events(
         for p, evs in sorted(events_by_process.items())
     }
     statuses = [r.status for r in procs.values()]
-    done = _END_EVENTS.get(kind, "committed")
-    if "failed" in statuses:
-        status = "failed"
-    elif len(procs) >= process_count and all(s == done for s in statuses):
+    done = str(END_EVENT.get(kind, Event.COMMITTED))
+    if Status.FAILED in statuses:
+        status = str(Status.FAILED)
+    elif all_events and len(procs) >= process_count and all(s == done for s in statuses):
         status = done
     else:
-        status = "running"
+        # Nothing recorded yet is running, not (as "all of none finished" would say) done.
+        status = str(Status.RUNNING)
     times = [float(e["t"]) for e in all_events if "t" in e]
     return OperationRecord(
         op=op,
@@ -152,24 +150,75 @@ def merge_events(
         step=int(step) if step is not None else None,
         status=status,
         start=min(times) if times else None,
-        end=max(times) if times and status != "running" else None,
+        end=max(times) if times and status != Status.RUNNING else None,
         process_count=process_count,
         processes=procs,
     )
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    events = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            # A process killed mid-write can leave a torn last line; skip it.
+class JournalReader:
+    """Read one operation's journal files, incrementally.
+
+    Parameters
+    ----------
+    folder
+        ``<root>/.nbckpt/ops/<op>``; it need not exist yet (nothing is read until it
+        does, as each process's file appears with its first event).
+
+    Notes
+    -----
+    Each :meth:`read` reads from the last offset of each file and keeps an incomplete
+    last line for the next read, so a line a writer is flushing, or one torn by a
+    killed writer, is never parsed half-written.
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._offsets: dict[int, int] = {}
+        self._partial: dict[int, bytes] = {}
+        #: Every event read so far, by process, in the order written.
+        self.events: dict[int, list[dict[str, Any]]] = {}
+
+    def read(self) -> bool:
+        """Read what was appended since the last read; tell whether there was anything."""
+        grew = False
+        for path in sorted(self.folder.glob("process_*.jsonl")):
             try:
-                ev = json.loads(line)
+                process = int(path.stem.removeprefix("process_"))
             except ValueError:
                 continue
-            if isinstance(ev, dict):
-                events.append(ev)
-    return events
+            offset = self._offsets.get(process, 0)
+            try:
+                with open(path, "rb") as f:
+                    f.seek(offset)
+                    chunk = f.read()
+            except FileNotFoundError:
+                continue
+            if not chunk:
+                continue
+            self._offsets[process] = offset + len(chunk)
+            lines = (self._partial.pop(process, b"") + chunk).split(b"\n")
+            if lines[-1]:
+                self._partial[process] = lines[-1]
+            events = self.events.setdefault(process, [])
+            for line in lines[:-1]:
+                try:
+                    ev = json.loads(line)
+                except ValueError:
+                    continue  # a torn line from a killed writer
+                if isinstance(ev, dict):
+                    events.append(ev)
+                    grew = True
+        return grew
+
+    @property
+    def event_count(self) -> int:
+        """How many events have been read so far, over all processes."""
+        return sum(len(v) for v in self.events.values())
+
+    def merge(self, op: str) -> OperationRecord:
+        """The merged record of what was read so far."""
+        return merge_events(op, self.events)
 
 
 def read_operation(root: str | os.PathLike[str], op: str) -> OperationRecord:
@@ -191,14 +240,17 @@ def read_operation(root: str | os.PathLike[str], op: str) -> OperationRecord:
     if not folder.is_dir():
         known = ", ".join(list_operations(root)[-5:]) or "none"
         raise FileNotFoundError(f"no journal for operation {op!r} in {root}; latest: {known}")
-    by_process: dict[int, list[dict[str, Any]]] = {}
-    for path in sorted(folder.glob("process_*.jsonl")):
+    reader = JournalReader(folder)
+    reader.read()
+    # A last line without its newline is whole once the writer is done with it.
+    for process, tail in reader._partial.items():
         try:
-            process = int(path.stem.removeprefix("process_"))
+            ev = json.loads(tail)
         except ValueError:
             continue
-        by_process[process] = _read_jsonl(path)
-    return merge_events(op, by_process)
+        if isinstance(ev, dict):
+            reader.events.setdefault(process, []).append(ev)
+    return reader.merge(op)
 
 
 def list_operations(root: str | os.PathLike[str]) -> list[str]:

@@ -11,27 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from nbckpt.layout import ops_dir
+from nbckpt.protocol import Event
 
-#: The events a process records, in the order a successful save emits them
-#: (DESIGN.md section 3); restores use ``requested``, ``read_started``, ``read_done`` and
-#: ``restored``. ``write_progress`` repeats while shards are written.
-EVENTS = (
-    "requested",
-    "snapshot_done",
-    "tmp_ready",
-    "write_started",
-    "write_progress",
-    "write_done",
-    "barrier_enter",
-    "barrier_exit",
-    "finalize_started",
-    "finalized",
-    "committed",
-    "failed",
-    "read_started",
-    "read_done",
-    "restored",
-)
+#: The events a process records (:class:`nbckpt.protocol.Event`), in the order a
+#: successful save emits them (DESIGN.md section 3).
+EVENTS: tuple[str, ...] = tuple(Event)
 
 
 class JournalWriter:
