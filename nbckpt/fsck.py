@@ -1,23 +1,24 @@
 """fsck: check every entry of a checkpoint root, and clean what was abandoned.
 
 Classification comes from :mod:`nbckpt.inventory` (complete, in progress, abandoned,
-corrupt). ``verify`` goes further for complete steps: it opens every array, compares
-its shape and dtype with the metadata, and recomputes the CRC-32 of every chunk that
-the saving processes recorded in ``<step>/_CHECKSUMS``. ``clean`` removes abandoned
-entries only; a complete (or corrupt) step is never touched.
+corrupt, foreign). ``verify`` goes further for complete steps: it opens every array,
+compares its shape and dtype with the metadata, and recomputes the checksum (CRC-32C,
+or CRC-32 for older steps) of every chunk that the saving processes recorded in
+``<step>/_CHECKSUMS``. ``clean`` removes abandoned
+entries only; a complete or corrupt step, and anything nbckpt did not create (a
+``foreign`` entry), is never touched.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from nbckpt.inventory import STALE_AFTER_S, Entry, classify
-from nbckpt.layout import CHECKSUMS_DIR, DELETING_SUFFIX, read_metadata
+from nbckpt.inventory import STALE_AFTER_S, STATES, Entry, classify, existing_root
+from nbckpt.layout import DELETING_SUFFIX, read_metadata
 
 __all__ = ["FsckReport", "fsck", "verify_step"]
 
@@ -40,25 +41,17 @@ class FsckReport:
         for e in self.entries:
             gone = "  (removed)" if e.path in self.removed else ""
             lines.append(f"{e.path:>24}  {e.state:<11}  {e.reason}{gone}")
-        counts = ", ".join(
-            f"{len(self.by_state(s))} {s.replace('_', ' ')}"
-            for s in ("complete", "in_progress", "abandoned", "corrupt")
-        )
+        counts = ", ".join(f"{len(self.by_state(s))} {s.replace('_', ' ')}" for s in STATES)
         lines.append(f"{counts}; removed {len(self.removed)}")
         return "\n".join(lines)
 
 
-def _recorded_checksums(step_path: Path) -> dict[str, dict[str, int]]:
-    merged: dict[str, dict[str, int]] = {}
-    for path in sorted((step_path / CHECKSUMS_DIR).glob("process_*.json")):
-        with open(path, encoding="utf-8") as f:
-            for leaf, chunks in json.load(f).items():
-                merged.setdefault(leaf, {}).update(chunks)
-    return merged
-
-
 def verify_step(step_path: str | os.PathLike[str]) -> list[str]:
     """Check a complete step's arrays against its metadata and recorded checksums.
+
+    Every chunk is read and its checksum (CRC-32C, or zlib CRC-32 for steps saved
+    before CRC-32C; :mod:`nbckpt.checksum`) compared with the one recorded at save
+    time. A chunk file that is missing is reported as such, not read as zeros.
 
     Returns
     -------
@@ -67,15 +60,16 @@ def verify_step(step_path: str | os.PathLike[str]) -> list[str]:
     """
     import numpy as np
 
+    from nbckpt.checksum import checksum, read_checksums
     from nbckpt.engine.storage import open_array
-    from nbckpt.engine.writer import chunk_crc32, chunk_key, chunk_regions
+    from nbckpt.engine.writer import chunk_key, chunk_regions
 
     path = Path(step_path)
     meta = read_metadata(path)
     if meta is None:
         return ["metadata missing or unreadable"]
     try:
-        sums = _recorded_checksums(path)
+        sums = read_checksums(path) or {}
     except (OSError, ValueError) as e:
         return [f"checksums unreadable: {e}"]
     problems = []
@@ -84,15 +78,14 @@ def verify_step(step_path: str | os.PathLike[str]) -> list[str]:
             continue
         name = leaf["name"]
         try:
-            store = open_array(path / name)
+            store = open_array(path / name, fill_missing=False)
         except Exception as e:  # tensorstore raises ValueError for most I/O problems
             problems.append(f"{name}: cannot open ({e})")
             continue
-        if list(store.shape) != list(leaf["shape"]) or store.dtype.numpy_dtype != np.dtype(
-            leaf["dtype"]
-        ):
+        dtype = store.dtype.numpy_dtype
+        if list(store.shape) != list(leaf["shape"]) or dtype != np.dtype(leaf["dtype"]):
             problems.append(
-                f"{name}: shape/dtype {list(store.shape)}/{store.dtype.numpy_dtype} on disk, "
+                f"{name}: shape/dtype {list(store.shape)}/{dtype} on disk, "
                 f"{leaf['shape']}/{leaf['dtype']} in the metadata"
             )
             continue
@@ -111,10 +104,17 @@ def verify_step(step_path: str | os.PathLike[str]) -> list[str]:
             try:
                 data = store[region].read().result()
             except Exception as e:
-                problems.append(f"{name}: chunk {key} unreadable ({e})")
+                missing = str(e).startswith("NOT_FOUND")
+                problems.append(
+                    f"{name}: chunk {key} " + ("missing" if missing else f"unreadable ({e})")
+                )
                 continue
-            if chunk_crc32(data) != recorded[key]:
-                problems.append(f"{name}: chunk {key} does not match its checksum")
+            algorithm, expected = recorded[key]
+            try:
+                if checksum(data, algorithm) != expected:
+                    problems.append(f"{name}: chunk {key} does not match its checksum")
+            except ImportError as e:
+                return [*problems, f"cannot verify: {e}"]
         extra = set(recorded) - seen
         if extra:
             problems.append(f"{name}: checksums for unknown chunks {sorted(extra)[:3]}")
@@ -148,9 +148,7 @@ def fsck(
     FileNotFoundError
         If ``root`` is not a directory.
     """
-    path = Path(root).absolute()
-    if not path.is_dir():
-        raise FileNotFoundError(f"no directory {path}; check the path")
+    path = existing_root(root)
     report = FsckReport(root=str(path))
     for entry in classify(path, stale_after_s=stale_after_s):
         if verify and entry.state == "complete":

@@ -1,4 +1,4 @@
-"""Classify every entry of a checkpoint root: complete, in progress, abandoned or corrupt.
+"""Classify every entry of a checkpoint root: complete, in progress, abandoned, corrupt, foreign.
 
 The sidebar of the JupyterLab extension shows this classification, and fsck reuses it.
 Completeness itself is decided by :func:`nbckpt.layout.is_complete` alone; this module
@@ -16,7 +16,11 @@ only adds what a person wants to know about everything else under the root:
     journal, and whose newest journal event is recent.
 ``abandoned``
     A temporary entry whose save failed, went stale or left no journal, and any
-    ``<step>.nbckpt-deleting`` directory (a removal that did not finish).
+    ``<step>.nbckpt-deleting`` directory (a removal that did not finish). Only these
+    may be cleaned.
+``foreign``
+    A ``<step>``-named directory that nbckpt did not create (no owner record, no
+    nbckpt metadata): listed so the user sees it, never written, cleaned or deleted.
 
 Other names under the root (the ``.nbckpt`` state directory, stray files) are not
 entries. Nothing here needs jax, and nothing here writes.
@@ -38,18 +42,28 @@ from nbckpt.layout import (
     DELETING_SUFFIX,
     METADATA_FILE,
     TMP_SUFFIX,
-    is_complete,
+    entry_state,
     ops_dir,
     parse_step,
     read_metadata,
 )
+from nbckpt.protocol import COMMIT_FILE_MODE, RENAME, Event, Kind, Status
 
-__all__ = ["STALE_AFTER_S", "STATES", "Entry", "State", "classify", "find_save_op"]
+__all__ = [
+    "STALE_AFTER_S",
+    "STATES",
+    "Entry",
+    "State",
+    "classify",
+    "existing_root",
+    "find_save_op",
+    "list_steps",
+]
 
-State = Literal["complete", "in_progress", "abandoned", "corrupt"]
+State = Literal["complete", "in_progress", "abandoned", "corrupt", "foreign"]
 
 #: Every state an entry can be in.
-STATES: tuple[State, ...] = ("complete", "in_progress", "abandoned", "corrupt")
+STATES: tuple[State, ...] = ("complete", "in_progress", "abandoned", "corrupt", "foreign")
 
 #: A running save whose newest journal event is older than this (seconds) is abandoned.
 STALE_AFTER_S = 600.0
@@ -133,6 +147,29 @@ def classify(
     return sorted(entries, key=lambda e: (e.step, e.path))
 
 
+def existing_root(root: str | os.PathLike[str]) -> Path:
+    """Return ``root`` as an absolute path, or raise FileNotFoundError if it is no directory."""
+    path = Path(root).absolute()
+    if not path.is_dir():
+        raise FileNotFoundError(f"no directory {path}; check the path, or save there first")
+    return path
+
+
+def list_steps(root: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """List every entry of a root with its state, as rows for ``%ckpt_ls``.
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``root`` is not a directory.
+    """
+    path = existing_root(root)
+    return [
+        {"step": e.step, "state": e.state, "path": str(path / e.path), "reason": e.reason}
+        for e in classify(path)
+    ]
+
+
 def find_save_op(root: str | os.PathLike[str], step: int) -> str | None:
     """Return the id of the newest journaled save of ``step`` under ``root``, if any."""
     return _SaveOps(root).newest(step)
@@ -154,7 +191,7 @@ class _SaveOps:
                 if (ops_dir(self.root) / op).is_symlink():
                     continue
                 header = _op_header(self.root, op)
-                if header is not None and header[0] == "save":
+                if header is not None and header[0] == Kind.SAVE:
                     self._by_step.setdefault(header[1], []).append(op)
         found = self._by_step.get(step)
         return found[-1] if found else None
@@ -191,14 +228,17 @@ def _classify_one(
                 return None
             if is_deleting:
                 return _entry(path, step, "abandoned", "a removal that did not finish", None)
-            return _temporary(path, step, "rename", ops, now, stale_after_s)
+            return _temporary(path, step, RENAME, ops, now, stale_after_s)
     step = parse_step(name)
     if step is None:
         return None
-    if not is_complete(path):
-        return _temporary(path, step, "commit_file", ops, now, stale_after_s)
+    state = entry_state(path)
+    if state == "foreign":
+        return _entry(path, step, "foreign", "not created by nbckpt: left alone", None)
+    if state == "incomplete":
+        return _temporary(path, step, COMMIT_FILE_MODE, ops, now, stale_after_s)
     meta = read_metadata(path)
-    mode = "commit_file" if (path / COMMIT_FILE).is_file() else "rename"
+    mode = COMMIT_FILE_MODE if (path / COMMIT_FILE).is_file() else RENAME
     op = _metadata_op(meta, ops) or ops.newest(step)
     if meta is None:
         reason = f"{METADATA_FILE} is missing or unreadable"
@@ -214,7 +254,7 @@ def _classify_one(
         more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
         reason = f"array {missing[0]!r}{more} missing"
         return _entry(path, step, "corrupt", reason, op, **fields)
-    return _entry(path, step, "complete", "committed", op, **fields)
+    return _entry(path, step, "complete", Status.COMMITTED, op, **fields)
 
 
 def _temporary(
@@ -226,7 +266,7 @@ def _temporary(
         return _entry(path, step, "abandoned", "no journal for this save", None, mode=mode)
     rec = ops.record(op)
     count = rec.process_count
-    if rec.status != "running":
+    if rec.status != Status.RUNNING:
         reason = f"its save {rec.status}" + _first_error(rec)
         return _entry(path, step, "abandoned", reason, op, mode=mode, process_count=count)
     last = max(
@@ -244,7 +284,7 @@ def _first_error(rec: OperationRecord) -> str:
         (float(ev.get("t", 0.0)), proc.process, proc.error)
         for proc in rec.processes.values()
         for ev in proc.events
-        if ev.get("event") == "failed" and proc.error
+        if ev.get("event") == Event.FAILED and proc.error
     ]
     if not failures:
         return ""

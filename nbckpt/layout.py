@@ -3,7 +3,8 @@
 A root holds::
 
     <root>/<step>/                    a step (complete, see below)
-    <root>/<step>/_CHECKSUMS/         CRC-32 of every chunk, one file per process
+    <root>/<step>/_NBCKPT_OWNER       written first by the save that created the directory
+    <root>/<step>/_CHECKSUMS/         checksum of every chunk, one file per process
     <root>/<step>.nbckpt-tmp/         a save in progress, or one that was abandoned
     <root>/<step>.nbckpt-deleting/    a step being removed by retention
     <root>/.nbckpt/ops/<op>/process_<i>.jsonl   the journal of every operation
@@ -12,6 +13,11 @@ A ``<step>`` directory is complete if and only if it holds the commit-success fi
 (commit-file mode) or metadata that says it was finalized by rename (rename mode: the
 directory only gets its final name once everything in it is durable). Everything that
 lists steps (``all_steps``, restore, the server) goes through :func:`is_complete`.
+
+What nbckpt may touch is decided by :func:`entry_state`: a directory is nbckpt's own
+only when its records say so (the owner file, or nbckpt metadata); anything else under
+the root is *foreign* and is never written over, cleaned or deleted. Damage to a
+committed step makes it *corrupt*, which is reported and never cleaned either.
 This module needs neither jax nor tensorstore.
 """
 
@@ -22,15 +28,21 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
+from nbckpt.protocol import COMMIT_FILE_MODE, RENAME, Mode
+
 __all__ = [
     "CHECKSUMS_DIR",
     "COMMIT_FILE",
-    "Mode",
     "DELETING_SUFFIX",
+    "FORMAT",
     "METADATA_FILE",
+    "OWNER_FILE",
     "STATE_DIR",
     "TMP_SUFFIX",
+    "EntryState",
+    "Mode",
     "all_steps",
+    "entry_state",
     "fsync_dir",
     "fsync_tree_dirs",
     "is_complete",
@@ -38,20 +50,28 @@ __all__ = [
     "ops_dir",
     "parse_step",
     "read_metadata",
+    "read_owner",
     "step_dir",
     "tmp_dir",
+    "write_durable",
+    "write_owner",
 ]
 
 TMP_SUFFIX = ".nbckpt-tmp"
 DELETING_SUFFIX = ".nbckpt-deleting"
 METADATA_FILE = "_CHECKPOINT_METADATA"
 COMMIT_FILE = "commit_success.txt"
-#: Per-process CRC-32 of every chunk written, ``<step>/_CHECKSUMS/process_<i>.json``.
+#: Per-process checksum of every chunk written (CRC-32C; zlib CRC-32 in older steps, see
+#: :mod:`nbckpt.checksum`), ``<step>/_CHECKSUMS/process_<i>.json``.
 CHECKSUMS_DIR = "_CHECKSUMS"
+#: Written (durably) by the primary into a directory it creates, before anything else.
+OWNER_FILE = "_NBCKPT_OWNER"
 STATE_DIR = ".nbckpt"
+#: The ``format`` field of nbckpt's own step metadata.
+FORMAT = "nbckpt/1"
 
-#: How a save is finalized: rename a temporary directory, or write a commit file.
-Mode = Literal["rename", "commit_file"]
+#: What a ``<step>`` directory is, by the records in it (see :func:`entry_state`).
+EntryState = Literal["complete", "corrupt", "incomplete", "foreign"]
 
 
 def step_dir(root: str | os.PathLike[str], step: int) -> Path:
@@ -71,7 +91,8 @@ def ops_dir(root: str | os.PathLike[str]) -> Path:
 
 def parse_step(name: str) -> int | None:
     """Return the step a directory name stands for, or None if it names no step."""
-    if name.isdigit() and (name == "0" or not name.startswith("0")):
+    # isdigit() alone accepts "²" or "٣", which int() then rejects or reads as 3.
+    if name.isascii() and name.isdigit() and (name == "0" or not name.startswith("0")):
         return int(name)
     return None
 
@@ -84,6 +105,58 @@ def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def write_durable(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` to ``path`` and fsync it before returning."""
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def write_owner(path: str | os.PathLike[str], op: str, mode: Mode, step: int) -> None:
+    """Record, durably, that operation ``op`` created directory ``path``."""
+    text = json.dumps({"format": FORMAT, "op": op, "mode": mode, "step": step})
+    write_durable(Path(path) / OWNER_FILE, text)
+    fsync_dir(path)
+
+
+def read_owner(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """Return the owner record of a directory nbckpt created, or None."""
+    try:
+        with open(Path(path) / OWNER_FILE, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("format") == FORMAT else None
+
+
+def entry_state(path: str | os.PathLike[str]) -> EntryState:
+    """Say what a ``<root>/<step>`` directory is, from the records in it.
+
+    Returns
+    -------
+    str
+        ``"complete"`` (see :func:`is_complete`); ``"corrupt"``: it was committed (a
+        commit file, or a rename-mode owner record: such a directory only gets its
+        final name once finalized) but its metadata is damaged; ``"incomplete"``: a
+        save of nbckpt's wrote it and never committed it (commit-file mode); or
+        ``"foreign"``: nothing shows nbckpt created it, so nbckpt never touches it.
+        A directory with unreadable metadata and no owner record (saved before owner
+        records existed) counts as corrupt, the cautious reading.
+    """
+    p = Path(path)
+    if is_complete(p):
+        return "corrupt" if read_metadata(p) is None else "complete"
+    owner = read_owner(p)
+    if owner is not None:
+        return "corrupt" if owner.get("mode") == RENAME else "incomplete"
+    meta = read_metadata(p)
+    if meta is not None:
+        ours = meta.get("format") == FORMAT and meta.get("mode") == COMMIT_FILE_MODE
+        return "incomplete" if ours else "foreign"
+    return "corrupt" if (p / METADATA_FILE).exists() else "foreign"
 
 
 def is_complete(path: str | os.PathLike[str]) -> bool:
@@ -108,7 +181,7 @@ def is_complete(path: str | os.PathLike[str]) -> bool:
     if (p / COMMIT_FILE).is_file():
         return True
     meta = read_metadata(p)
-    return meta is not None and meta.get("mode") == "rename"
+    return meta is not None and meta.get("mode") == RENAME
 
 
 def all_steps(root: str | os.PathLike[str]) -> list[int]:

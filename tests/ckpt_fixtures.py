@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from nbckpt.journal import JournalWriter
-from nbckpt.layout import COMMIT_FILE, METADATA_FILE, TMP_SUFFIX
+from nbckpt.layout import COMMIT_FILE, FORMAT, METADATA_FILE, TMP_SUFFIX, write_owner
 
 LEAVES: list[dict[str, Any]] = [
     {"name": "params.w", "kind": "jax", "shape": [4, 4], "dtype": "float32"},
@@ -29,15 +29,17 @@ def write_step(
     metadata: str | None = None,
     suffix: str = "",
 ) -> Path:
-    """Write a step directory: metadata, one ``.zarray`` per array leaf, commit file."""
+    """Write a step directory: owner record, metadata, a ``.zarray`` per array, commit file."""
     d = root / f"{step}{suffix}"
     d.mkdir(parents=True)
+    write_owner(d, op or "unknown-op", mode, step)  # type: ignore[arg-type]
     for leaf in LEAVES:
         if leaf["kind"] != "scalar" and leaf["name"] not in missing:
             (d / leaf["name"]).mkdir()
             (d / leaf["name"] / ".zarray").write_text("{}")
             (d / leaf["name"] / "0.0").write_bytes(b"\0" * 64)
     meta = {
+        "format": FORMAT,
         "step": step,
         "mode": mode,
         "op": op,

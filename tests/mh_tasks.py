@@ -261,3 +261,52 @@ def arm_kill_with_marker(process: int, phase: str, marker: str) -> None:
 
 def slow_writes(factor: float) -> None:
     hooks.set_io_slowdown(factor)
+
+
+def resave_with_fault(
+    root: str, mode: str, phase: str, victim: int, values_of: int = 7
+) -> dict[str, Any]:
+    """Force a re-save of step 1 (with another step's values); ``victim`` fails at ``phase``."""
+    from nbckpt.engine import faults
+
+    faults.clear()
+    if jax.process_index() == victim:
+        faults.fail_io(phase)
+    ckptr = checkpointer(root)
+    try:
+        ckptr.save(1, make_state(values_of), force=True, mode=mode)  # type: ignore[arg-type]
+        ckptr.wait_until_finished()
+    except NbckptError as e:
+        return {"error": str(e), "type": type(e).__name__}
+    finally:
+        faults.clear()
+    return {"error": None, "type": None}
+
+
+def agent_save_missing_on(root: str, step: int, missing_on: int) -> dict[str, Any]:
+    """Save through the notebook's engine entry point; ``state`` is absent on one process."""
+    from nbckpt.engine import agent
+
+    ns = {} if jax.process_index() == missing_on else {"state": make_state(step)}
+    t0 = time.time()
+    try:
+        agent.save_var(ns, "state", step, root, timeout_s=120, key=f"miss{step}")
+    except Exception as e:
+        return {"error": f"{type(e).__name__}: {e}", "seconds": time.time() - t0}
+    return {"error": None, "seconds": time.time() - t0}
+
+
+def agent_two_saves(root: str, step: int) -> list[str | None]:
+    """Two saves of one step back to back with different options, as two cells would."""
+    from nbckpt.engine import agent
+
+    ns = {"a": make_state(step), "b": make_state(step + 100)}
+    errors: list[str | None] = []
+    for var, options in (("a", {"timeout_s": 60}), ("b", {"timeout_s": 30, "force": True})):
+        try:
+            agent.save_var(ns, var, step, root, key=f"two-{var}{step}", **options)
+            errors.append(None)
+        except NbckptError as e:
+            errors.append(type(e).__name__)
+    agent._checkpointer(root).wait_until_finished()
+    return errors

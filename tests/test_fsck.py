@@ -55,7 +55,9 @@ def test_classification_and_clean_only_removes_abandoned(root):
     assert report.removed == ["4.nbckpt-tmp"]
     assert not (root / "4.nbckpt-tmp").exists()
     assert all_steps(root) == [1, 2, 3]
-    assert "3 complete, 0 in progress, 1 abandoned, 0 corrupt; removed 1" in report.table()
+    assert "3 complete, 0 in progress, 1 abandoned, 0 corrupt, 0 foreign; removed 1" in (
+        report.table()
+    )
 
 
 def test_verify_finds_a_flipped_byte_and_a_missing_array(root):

@@ -9,16 +9,27 @@ passes the values in.
 from __future__ import annotations
 
 import os
-import socket
 import time
 from typing import Any
 
 from nbckpt.engine import faults, health
 from nbckpt.engine.checkpointer import AsyncCheckpointer
+from nbckpt.engine.process import info, initialize, pick_port, shutdown  # re-exported
 from nbckpt.engine.sync import Synchronizer, default_client, next_sequence
 from nbckpt.errors import CheckpointError
 from nbckpt.journal import JournalWriter
-from nbckpt.layout import Mode
+from nbckpt.protocol import (
+    DEFAULT_BARRIER_TIMEOUT_S,
+    DEFAULT_SAVE_TIMEOUT_S,
+    RENAME,
+    Event,
+    Kind,
+    Mode,
+    barrier_op_id,
+    barrier_phase,
+    check_name,
+    check_timeout,
+)
 
 __all__ = [
     "barrier",
@@ -28,81 +39,23 @@ __all__ = [
     "initialize",
     "pick_port",
     "restore",
+    "restore_var",
     "save",
+    "save_var",
     "shutdown",
     "status",
-    "wait",
 ]
 
-_checkpointers: dict[tuple[str, str, float], AsyncCheckpointer] = {}
-_initialized: dict[str, Any] = {}
+#: One checkpointer per root in this process, whatever the options of each call: it
+#: runs one save at a time, so two saves to one root can never overlap.
+_checkpointers: dict[str, AsyncCheckpointer] = {}
 
 
-def pick_port(host: str = "127.0.0.1") -> int:
-    """Return a TCP port on ``host`` that is free now (for the coordination service)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def initialize(
-    process_id: int,
-    num_processes: int,
-    coordinator: str,
-    *,
-    devices_per_process: int = 1,
-    bind_address: str | None = None,
-    recoverable: bool = True,
-    timeout_s: int = 120,
-) -> dict[str, Any]:
-    """Join this process to the JAX cluster (``jax.distributed.initialize``).
-
-    Must run before any other JAX call in the process. Preemption sync is turned off
-    (otherwise shutdown waits about 5 s per process) and, if ``recoverable``, so is the
-    rule that aborts every survivor when one process dies.
-    """
-    import jax
-
-    if _initialized:
-        return info()
-    jax.config.update("jax_num_cpu_devices", devices_per_process)
-    jax.config.update("jax_enable_preemption_service", False)
-    if recoverable:
-        jax.config.update("jax_enable_recoverability", True)
-    if num_processes > 1:
-        jax.distributed.initialize(
-            coordinator_address=coordinator,
-            num_processes=num_processes,
-            process_id=process_id,
-            coordinator_bind_address=bind_address,
-            initialization_timeout=timeout_s,
-        )
-    jax.devices()  # settles the backend on every process at the same point
-    _initialized.update(coordinator=coordinator, num_processes=num_processes)
-    health.monitor_for(default_client())  # heartbeats from the start, not the first save
-    return info()
-
-
-def info() -> dict[str, Any]:
-    """Describe this process: index, count, devices, host and pid."""
-    import jax
-
-    return {
-        "process": jax.process_index(),
-        "process_count": jax.process_count(),
-        "devices": jax.device_count(),
-        "local_devices": jax.local_device_count(),
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-        "initialized": bool(_initialized),
-    }
-
-
-def _checkpointer(root: str, mode: Mode, timeout_s: float) -> AsyncCheckpointer:
-    key = (os.path.abspath(root), mode, timeout_s)
-    ckptr = _checkpointers.get(key)
+def _checkpointer(root: str) -> AsyncCheckpointer:
+    path = os.path.abspath(root)
+    ckptr = _checkpointers.get(path)
     if ckptr is None:
-        ckptr = _checkpointers[key] = AsyncCheckpointer(root, mode=mode, timeout_s=timeout_s)
+        ckptr = _checkpointers[path] = AsyncCheckpointer(path)
     return ckptr
 
 
@@ -115,27 +68,38 @@ def _settle(ckptr: AsyncCheckpointer, acknowledged: tuple[str, ...]) -> None:
             raise
 
 
-def save(
-    tree: Any,
+def _lookup(namespace: dict[str, Any], var: str) -> Any:
+    if var not in namespace:
+        raise NameError(f"name {var!r} is not defined on this engine; build it with %%px first")
+    return namespace[var]
+
+
+def save_var(
+    namespace: dict[str, Any],
+    var: str,
     step: int,
     root: str,
     *,
-    mode: Mode = "rename",
+    mode: Mode = RENAME,
     force: bool = False,
-    timeout_s: float = 300.0,
+    timeout_s: float = DEFAULT_SAVE_TIMEOUT_S,
     acknowledged: tuple[str, ...] = (),
     key: str | None = None,
 ) -> dict[str, Any]:
-    """Start saving ``tree``; return once the snapshot is safe.
+    """Start saving ``namespace[var]``; return once the snapshot is safe.
 
-    ``acknowledged`` lists failed operations whose error the notebook has shown
-    already, so they are not raised a second time here. ``key`` is the caller's
-    unique id of this call (see ``AsyncCheckpointer.save``).
+    A variable missing on this process fails the save on every process at once (no
+    one waits out the deadline for it). ``acknowledged`` lists failed operations whose
+    error the notebook has shown already, so they are not raised a second time here.
+    ``key`` is the caller's unique id of this call (see ``AsyncCheckpointer.save``).
     """
-    ckptr = _checkpointer(root, mode, timeout_s)
+    timeout_s = check_timeout(timeout_s, "timeout_s")
+    ckptr = _checkpointer(root)
     _settle(ckptr, acknowledged)
     t0 = time.perf_counter()
-    ckptr.save(step, tree, force=force, key=key)
+    ckptr.save_from(
+        lambda: _lookup(namespace, var), step, force=force, key=key, mode=mode, timeout_s=timeout_s
+    )
     return {
         "process": ckptr.process_index,
         "op": ckptr.last_op,
@@ -145,47 +109,65 @@ def save(
     }
 
 
-def wait(root: str | None = None, acknowledged: tuple[str, ...] = ()) -> list[str]:
-    """Wait for the saves in flight (under ``root``, or all); return their op ids."""
-    done = []
-    for (path, _mode, _t), ckptr in list(_checkpointers.items()):
-        if root is None or path == os.path.abspath(root):
-            if ckptr.last_op is not None:
-                done.append(ckptr.last_op)
-            _settle(ckptr, acknowledged)
-    return done
+def save(tree: Any, step: int, root: str, **options: Any) -> dict[str, Any]:
+    """Start saving ``tree``: :func:`save_var` for a value in hand."""
+    return save_var({"tree": tree}, "tree", step, root, **options)
 
 
-def restore(
-    root: str, step: int | None, like: Any = None, key: str | None = None
-) -> tuple[Any, dict[str, Any]]:
-    """Restore ``step`` (None: the latest) shaped and sharded like ``like``.
+def restore_var(
+    namespace: dict[str, Any],
+    var: str,
+    root: str,
+    step: int | None,
+    *,
+    key: str | None = None,
+    timeout_s: float = DEFAULT_SAVE_TIMEOUT_S,
+    cast: bool = False,
+) -> dict[str, Any]:
+    """Restore ``step`` (None: the latest) into ``namespace[var]``.
 
-    ``like`` is the value the variable holds now, if any: its jax arrays lend their
-    shardings (the engines' current mesh), other leaves come back as saved. Without
-    it the saved layout is used.
+    The value ``var`` holds now, if any, lends its jax arrays' shardings (the
+    engines' current mesh); other leaves come back as saved. Without one the saved
+    layout is used. The same checkpointer as the root's saves does the reading, so a
+    save in flight to that root finishes first.
     """
     import jax
 
-    target = None
-    if like is not None:
-        target = jax.tree.map(lambda x: x.sharding if isinstance(x, jax.Array) else ..., like)
-    ckptr = AsyncCheckpointer(root)
+    timeout_s = check_timeout(timeout_s, "timeout_s")
+    like = namespace.get(var)
+
+    def target() -> Any:
+        if like is None:
+            return None
+        return jax.tree.map(lambda x: x.sharding if isinstance(x, jax.Array) else ..., like)
+
+    ckptr = _checkpointer(root)
     t0 = time.perf_counter()
-    tree = ckptr.restore(step, target=target, key=key)
+    tree = ckptr.restore_from(target, step, key=key, timeout_s=timeout_s, cast=cast)
     jax.block_until_ready(tree)
-    return tree, {
+    namespace[var] = tree
+    parsed = ckptr.last_op.rsplit("-", 1)[1] if ckptr.last_op else None
+    return {
         "process": ckptr.process_index,
         "op": ckptr.last_op,
         "seconds": time.perf_counter() - t0,
-        "step": int(ckptr.last_op.rsplit("-", 1)[1]) if ckptr.last_op else step,
+        "step": int(parsed) if parsed is not None else step,
     }
+
+
+def restore(
+    root: str, step: int | None, like: Any = None, **options: Any
+) -> tuple[Any, dict[str, Any]]:
+    """Restore ``step`` shaped like ``like``: :func:`restore_var` returning the tree."""
+    namespace = {} if like is None else {"tree": like}
+    info = restore_var(namespace, "tree", root, step, **options)
+    return namespace["tree"], info
 
 
 def barrier(
     name: str,
     *,
-    timeout_s: float = 60.0,
+    timeout_s: float = DEFAULT_BARRIER_TIMEOUT_S,
     processes: list[int] | None = None,
     root: str | None = None,
     key: str | None = None,
@@ -196,36 +178,43 @@ def barrier(
     or else a sequence number: unique per use, so the same name can be used again.
     With ``root`` the barrier is journaled like a save, as operation kind ``barrier``.
     """
+    check_name(name)
+    timeout_s = check_timeout(timeout_s, "timeout_s")
     sync = Synchronizer(default_client())
+    if processes is not None:
+        n = sync.process_count
+        if not processes or any(not 0 <= p < n for p in processes):
+            raise ValueError(f"processes must be indices in 0..{n - 1}, got {processes}")
     if key is not None:
-        op = f"barrier-{key}"
+        if not key.isalnum():  # the journal's op id is split at the first "-" after it
+            raise ValueError(f"barrier key must be letters and digits, got {key!r}")
+        ident = key
     else:
-        seq = next_sequence(processes)
-        subset = "" if processes is None else "-p" + ".".join(map(str, processes))
-        op = f"barrier-{seq}{subset}"
+        subset = "" if processes is None else "p" + ".".join(map(str, processes))
+        ident = f"{next_sequence(processes)}{subset}"
+    op = f"{Kind.BARRIER}-{ident}"
     journal = None
     if root is not None:
         # The journal folder needs one name on every process: the first participant
         # stamps it and the others read it.
         source = min(processes) if processes else 0
-        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-        proposed = f"{stamp}-{op}-{name}" if sync.process_index == source else None
+        proposed = barrier_op_id(ident, name) if sync.process_index == source else None
         journal_op = sync.broadcast(op, "journal", proposed, source=source, timeout_s=timeout_s)
-        journal = JournalWriter(root, journal_op, sync.process_index, "barrier", 0)
+        journal = JournalWriter(root, journal_op, sync.process_index, Kind.BARRIER, 0)
         count = len(processes) if processes else sync.process_count
-        journal.emit("requested", process_count=count, name=name)
-        journal.emit("barrier_enter", name=name)
+        journal.emit(Event.REQUESTED, process_count=count, name=name)
+        journal.emit(Event.BARRIER_ENTER, name=name)
     entered = time.time()
     try:
         sync.barrier(op, name, timeout_s=timeout_s, process_ids=processes)
     except BaseException as e:
         if journal is not None:
-            journal.emit("failed", error=str(e), phase=f"barrier:{name}")
+            journal.emit(Event.FAILED, error=str(e), phase=barrier_phase(name))
         raise
     left = time.time()
     if journal is not None:
-        journal.emit("barrier_exit", name=name)
-        journal.emit("committed")
+        journal.emit(Event.BARRIER_EXIT, name=name)
+        journal.emit(Event.COMMITTED)
         journal.close()
     return {"process": sync.process_index, "entered": entered, "left": left, "key": f"{op}/{name}"}
 
@@ -240,8 +229,8 @@ def status() -> dict[str, Any]:
     out = info()
     out["health"] = health_view()
     out["checkpointers"] = [
-        {"root": path, "mode": mode, "last_op": c.last_op, "in_flight": c.in_flight()}
-        for (path, mode, _t), c in _checkpointers.items()
+        {"root": path, "last_op": c.last_op, "in_flight": c.in_flight()}
+        for path, c in _checkpointers.items()
     ]
     return out
 
@@ -251,25 +240,6 @@ def fault(
 ) -> list[str]:
     """Arm a fault in this process (see :mod:`nbckpt.engine.faults`); return all armed.
 
-    ``kind`` is ``kill``, ``stall``, ``slow-io``, ``fail-io``, ``clear`` or ``list``.
+    ``kind`` is one of :data:`nbckpt.engine.faults.KINDS`.
     """
-    if kind == "kill":
-        faults.kill(at)
-    elif kind == "stall":
-        faults.stall(at or "write", seconds or 1.0)
-    elif kind == "slow-io":
-        faults.slow_io(factor or 1.0)
-    elif kind == "fail-io":
-        faults.fail_io(at or "write")
-    elif kind == "clear":
-        faults.clear()
-    elif kind != "list":
-        raise ValueError(f"unknown fault {kind!r}; one of kill, stall, slow-io, fail-io")
-    return faults.list_faults()
-
-
-def shutdown() -> None:
-    """Leave the JAX cluster (``jax.distributed.shutdown``)."""
-    import jax
-
-    jax.distributed.shutdown()
+    return faults.arm(kind, at=at, seconds=seconds, factor=factor)

@@ -2,52 +2,38 @@
 
 from __future__ import annotations
 
-import json
 import os
-import re
-import shutil
 import threading
 import time
-import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from nbckpt.engine import health, hooks
 from nbckpt.engine import restore as _restore
-from nbckpt.engine.snapshot import Snapshot, take_snapshot
-from nbckpt.engine.sync import SignalingClient, Synchronizer, default_client, next_sequence
+from nbckpt.engine.advice import reason as _reason
+from nbckpt.engine.background import SaveJob, fail
+from nbckpt.engine.commit import strategy_for
+from nbckpt.engine.preflight import Preflight
+from nbckpt.engine.snapshot import take_snapshot
+from nbckpt.engine.sync import SignalingClient, Synchronizer, default_client
 from nbckpt.engine.tree import flatten
-from nbckpt.engine.writer import create_arrays, write_shards
-from nbckpt.errors import (
-    CheckpointError,
-    NbckptError,
-    PeerDeadError,
-    PeerFailedError,
-    RootNotWritableError,
-    StepExistsError,
-    StepNotFoundError,
-)
+from nbckpt.errors import CheckpointError, NbckptError
 from nbckpt.journal import JournalWriter
-from nbckpt.layout import (
-    CHECKSUMS_DIR,
-    COMMIT_FILE,
-    DELETING_SUFFIX,
-    METADATA_FILE,
+from nbckpt.layout import is_complete, step_dir
+from nbckpt.protocol import (
+    DEFAULT_SAVE_TIMEOUT_S,
+    RENAME,
+    Cause,
+    Event,
+    Kind,
     Mode,
-    all_steps,
-    fsync_dir,
-    fsync_tree_dirs,
-    is_complete,
-    latest_step,
-    step_dir,
-    tmp_dir,
+    Phase,
+    check_timeout,
 )
 
 __all__ = ["AsyncCheckpointer", "CheckpointerOptions"]
-
-FORMAT = "nbckpt/1"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,9 +54,9 @@ class CheckpointerOptions:
         Keep at most this many complete steps (the newest); None keeps all.
     """
 
-    mode: Mode = "rename"
+    mode: Mode = RENAME
     primary: int = 0
-    timeout_s: float = 300.0
+    timeout_s: float = DEFAULT_SAVE_TIMEOUT_S
     max_to_keep: int | None = None
 
 
@@ -80,59 +66,13 @@ def _check_step(step: object) -> int:
     return step
 
 
-def _new_op_id(kind: str, step: int) -> str:
-    now = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%f")
-    return f"{now}-{kind}-{step}"
-
-
-def _write_durable(path: Path, text: str) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-_ADVICE = (
-    (
-        ("No space left", "ENOSPC", "errno 28"),
-        "the disk holding {root} is full: free space or save to another directory",
-    ),
-    (
-        ("Permission denied", "EACCES", "Read-only file system", "EROFS"),
-        "a file or directory under {root} is not writable: fix its permissions",
-    ),
-    (
-        ("No such file or directory", "ENOENT", "does not exist"),
-        "a directory under {root} vanished during the save: check what removed it, then save again",
-    ),
-)
-
-
-# tensorstore appends its whole JSON spec to errors; the path is already in the text.
-_TS_SPEC = re.compile(r"\s*\[tensorstore_spec='.*'\]", re.DOTALL)
-
-
-def _advice(reason: str, root: Path) -> str:
-    """Say what to do about a storage error, from its text (tensorstore wraps errno)."""
-    for needles, advice in _ADVICE:
-        if any(n in reason for n in needles):
-            return "; " + advice.format(root=root)
-    return ""
-
-
-def _probe_writable(root: Path, process: int) -> None:
-    root.mkdir(parents=True, exist_ok=True)
-    probe = root / f".nbckpt-probe-{process}-{uuid.uuid4().hex[:8]}"
-    probe.write_bytes(b"")
-    probe.unlink()
-
-
 class AsyncCheckpointer:
     """Save and restore pytrees of ``jax.Array`` from every process of a JAX job.
 
     ``save`` returns once the state is safe to keep training on; the write, the
     barriers and the atomic commit run on a background thread. Every process of the
-    job must make the same calls in the same order.
+    job must make the same calls in the same order. Use one checkpointer per root in a
+    process: it runs one save at a time, so saves to the root never overlap.
 
     Parameters
     ----------
@@ -140,7 +80,8 @@ class AsyncCheckpointer:
         The checkpoint root, a directory every process can write (shared storage when
         the processes run on several hosts).
     mode, primary, timeout_s, max_to_keep
-        See :class:`CheckpointerOptions`.
+        See :class:`CheckpointerOptions`; ``mode`` and ``timeout_s`` are defaults that
+        each call may override.
     client
         The key-value client used for barriers; by default the coordination service
         of ``jax.distributed``, or an in-process one for a single process.
@@ -157,16 +98,14 @@ class AsyncCheckpointer:
         self,
         root: str | os.PathLike[str],
         *,
-        mode: Mode = "rename",
+        mode: Mode = RENAME,
         primary: int = 0,
-        timeout_s: float = 300.0,
+        timeout_s: float = DEFAULT_SAVE_TIMEOUT_S,
         max_to_keep: int | None = None,
         client: SignalingClient | None = None,
     ) -> None:
-        if mode not in ("rename", "commit_file"):
-            raise ValueError(f"mode must be 'rename' or 'commit_file', got {mode!r}")
-        if timeout_s <= 0:
-            raise ValueError(f"timeout_s must be positive, got {timeout_s!r}")
+        strategy_for(mode)  # validates the mode
+        timeout_s = check_timeout(timeout_s, "timeout_s")
         if max_to_keep is not None and max_to_keep < 1:
             raise ValueError(f"max_to_keep must be at least 1 or None, got {max_to_keep!r}")
         self.root = Path(os.path.abspath(os.fspath(root)))
@@ -183,7 +122,7 @@ class AsyncCheckpointer:
         self._error: BaseException | None = None
         self._lock = threading.Lock()
         self._closed = False
-        self._stale_keys: list[str] = []
+        self._preflight = Preflight(self._sync, self.root, primary)
         #: The id of the last operation this checkpointer started (its journal folder).
         self.last_op: str | None = None
 
@@ -199,7 +138,16 @@ class AsyncCheckpointer:
         """The number of processes in the job."""
         return self._sync.process_count
 
-    def save(self, step: int, tree: Any, *, force: bool = False, key: str | None = None) -> None:
+    def save(
+        self,
+        step: int,
+        tree: Any,
+        *,
+        force: bool = False,
+        key: str | None = None,
+        mode: Mode | None = None,
+        timeout_s: float | None = None,
+    ) -> None:
         """Start saving ``tree`` as ``step``; return once the snapshot is safe.
 
         Parameters
@@ -212,55 +160,119 @@ class AsyncCheckpointer:
             process-local jax arrays must hold the same values on every process: the
             primary writes them.
         force
-            Replace ``step`` if it is already committed.
+            Replace ``step`` if it is already committed (rename mode only: the old step
+            stays complete until the new one commits).
         key
             A string unique to this call and the same on every process (a driver such
             as the notebook client passes one). Without it, calls are matched across
             processes by their order, so every process must make the same calls.
+        mode, timeout_s
+            Override this checkpointer's defaults for this save.
 
         Raises
         ------
         StepExistsError
             ``step`` is already committed and ``force`` is False.
+        ForeignEntryError
+            ``<root>/<step>`` holds a directory nbckpt did not create.
+        CommitRefusedError
+            ``force`` in commit-file mode for a committed step.
         RootNotWritableError
             Some process cannot write the root; nothing was written.
         TypeError
-            A leaf is of an unsupported type; the message names its tree path.
+            A leaf, its dtype or a key cannot be stored (the message names the leaf);
+            nothing was written.
+        ValueError
+            The tree cannot be flattened, or two leaves would get the same name on disk
+            (also when they differ only in case), or a name is over 255 bytes or
+            reserved by the step directory; nothing was written.
+        PeerFailedError
+            Another process could not start this save (its error is the reason).
         CheckpointError
             The previous save failed in the background (raised once).
+        """
+        self.save_from(lambda: tree, step, force=force, key=key, mode=mode, timeout_s=timeout_s)
+
+    def save_from(
+        self,
+        get_tree: Callable[[], Any],
+        step: int,
+        *,
+        force: bool = False,
+        key: str | None = None,
+        mode: Mode | None = None,
+        timeout_s: float | None = None,
+    ) -> None:
+        """:meth:`save` the tree that ``get_tree()`` returns.
+
+        An error raised by ``get_tree`` (a variable missing on this process, say) is
+        shared with the other processes at once, so none of them waits for this one.
         """
         t_requested = time.time()
         self._check_open()
         self.wait_until_finished()
         step = _check_step(step)
-        leaves = flatten(tree)
-        op = self._preflight("save", step, force=force, key=key)
+        strategy = strategy_for(mode or self.options.mode)
+        timeout = check_timeout(timeout_s or self.options.timeout_s, "timeout_s")
+        local: BaseException | None = None
+        leaves: list[Any] = []
+        try:
+            leaves = flatten(get_tree())
+        except Exception as e:
+            local = e
+        op, _ = self._preflight.agree(
+            Kind.SAVE, step, timeout, local, strategy=strategy, force=force, key=key
+        )
         me, n = self.process_index, self.process_count
-        journal = JournalWriter(self.root, op, me, "save", step)
+        journal = JournalWriter(self.root, op, me, Kind.SAVE, step)
         journal.emit(
-            "requested",
+            Event.REQUESTED,
             t=t_requested,
             process_count=n,
             primary=self.options.primary,
-            mode=self.options.mode,
+            mode=strategy.mode,
         )
         try:
-            hooks.fire("snapshot")
+            hooks.fire(Phase.SNAPSHOT)
             snap = take_snapshot(leaves, process=me, process_count=n, primary=self.options.primary)
-        except BaseException as e:
-            # Journal before telling the peers, so the cause is the first failure on record.
-            journal.emit("failed", error=f"{type(e).__name__}: {e}", phase="snapshot")
-            self._sync.signal_failure(op, f"{type(e).__name__}: {e} (during snapshot)")
-            raise
-        journal.emit("snapshot_done", bytes=snap.nbytes)
+        except Exception as e:
+            kept = is_complete(step_dir(self.root, step))
+            text = fail(
+                self._sync,
+                journal,
+                self.root,
+                e,
+                Phase.SNAPSHOT,
+                committed=False,
+                previous_kept=kept,
+            )
+            journal.close()
+            raise CheckpointError(op, step, me, Phase.SNAPSHOT, text, False, kept) from e
+        journal.emit(Event.SNAPSHOT_DONE, bytes=snap.nbytes)
         self.last_op = op
+        job = SaveJob(
+            root=self.root,
+            op=op,
+            step=step,
+            snap=snap,
+            journal=journal,
+            strategy=strategy,
+            sync=self._sync,
+            health=self._health.check,
+            primary=self.options.primary,
+            timeout_s=timeout,
+            t_requested=t_requested,
+            max_to_keep=self.options.max_to_keep,
+        )
         self._thread = threading.Thread(
-            target=self._background,
-            args=(op, step, snap, journal, force, t_requested),
-            name=f"nbckpt-save-{step}",
-            daemon=True,
+            target=self._run, args=(job,), name=f"nbckpt-save-{step}", daemon=True
         )
         self._thread.start()
+
+    def _run(self, job: SaveJob) -> None:
+        error = job.run()
+        with self._lock:
+            self._error = error
 
     def wait_until_finished(self) -> None:
         """Block until the save in flight, if any, is committed or failed.
@@ -288,7 +300,13 @@ class AsyncCheckpointer:
         return self._thread is not None and self._thread.is_alive()
 
     def restore(
-        self, step: int | None = None, target: Any = None, *, key: str | None = None
+        self,
+        step: int | None = None,
+        target: Any = None,
+        *,
+        key: str | None = None,
+        timeout_s: float | None = None,
+        cast: bool = False,
     ) -> Any:
         """Read a complete step back, each process reading only what it needs.
 
@@ -306,6 +324,12 @@ class AsyncCheckpointer:
             those at save time.
         key
             As for :meth:`save`.
+        timeout_s
+            Deadline of the agreement among the processes; this checkpointer's default
+            if None.
+        cast
+            Allow a target whose dtype differs from the saved one (the values are
+            converted); without it such a target is refused.
 
         Returns
         -------
@@ -315,26 +339,55 @@ class AsyncCheckpointer:
         ------
         StepNotFoundError
             The step is not complete under the root; the message lists those that are.
+        CorruptCheckpointError
+            A chunk read back does not match the checksum recorded when it was saved,
+            or is missing or unreadable.
+        ValueError
+            A target leaf's dtype differs from the saved one and ``cast`` is False.
+        """
+        return self.restore_from(lambda: target, step, key=key, timeout_s=timeout_s, cast=cast)
+
+    def restore_from(
+        self,
+        get_target: Callable[[], Any],
+        step: int | None = None,
+        *,
+        key: str | None = None,
+        timeout_s: float | None = None,
+        cast: bool = False,
+    ) -> Any:
+        """:meth:`restore` into the target that ``get_target()`` returns.
+
+        As with :meth:`save_from`, an error raised by ``get_target`` reaches the other
+        processes at once.
         """
         self._check_open()
         self.wait_until_finished()
-        if step is None:
-            step = latest_step(self.root)
-            if step is None:
-                raise StepNotFoundError(str(self.root), None, [])
-        else:
+        if step is not None:
             step = _check_step(step)
-            if not is_complete(step_dir(self.root, step)):
-                raise StepNotFoundError(str(self.root), step, all_steps(self.root))
-        op = self._preflight("restore", step, force=False, key=key)
-        journal = JournalWriter(self.root, op, self.process_index, "restore", step)
-        journal.emit("requested", process_count=self.process_count)
+        timeout = check_timeout(timeout_s or self.options.timeout_s, "timeout_s")
+        local: BaseException | None = None
+        target = None
         try:
-            result = _restore.restore_step(step_dir(self.root, step), target, journal)
+            target = get_target()
+        except Exception as e:
+            local = e
+        op, step = self._preflight.agree(Kind.RESTORE, step, timeout, local)
+        assert step is not None
+        journal = JournalWriter(self.root, op, self.process_index, Kind.RESTORE, step)
+        journal.emit(Event.REQUESTED, process_count=self.process_count)
+        try:
+            result = _restore.restore_step(step_dir(self.root, step), target, journal, cast=cast)
         except BaseException as e:
-            journal.emit("failed", error=f"{type(e).__name__}: {e}", phase="read")
+            journal.emit(
+                Event.FAILED,
+                error=_reason(e, self.root),
+                phase=Phase.READ,
+                cause=Cause.ERROR,
+                culprit=self.process_index,
+            )
             raise
-        journal.emit("restored")
+        journal.emit(Event.RESTORED)
         self.last_op = op
         return result
 
@@ -364,188 +417,3 @@ class AsyncCheckpointer:
     def _check_open(self) -> None:
         if self._closed:
             raise NbckptError("this checkpointer is closed; create a new AsyncCheckpointer")
-
-    def _preflight(self, kind: str, step: int, *, force: bool, key: str | None) -> str:
-        """Agree on an operation id and check, on every process, that it can go ahead.
-
-        The check happens before anyone writes, and every process raises the same
-        error, so a bad root or an existing step never leaves a half-started save.
-        """
-        seq = f"key-{key}" if key is not None else f"seq{next_sequence()}"
-        me = self.process_index
-        problem: dict[str, str] = {}
-        if kind == "save":
-            try:
-                _probe_writable(self.root, me)
-            except OSError as e:
-                problem = {"kind": "root", "reason": e.strerror or str(e)}
-            if not problem and me == self.options.primary and not force:
-                final = step_dir(self.root, step)
-                if is_complete(final):
-                    problem = {"kind": "exists", "path": str(final)}
-        mine = {"problem": problem}
-        if me == self.options.primary:
-            mine["op"] = _new_op_id(kind, step)  # type: ignore[assignment]
-        answers = self._sync.gather(
-            seq, "preflight", json.dumps(mine), timeout_s=self.options.timeout_s
-        )
-        # Everyone has passed the keys of earlier operations: the primary drops them.
-        if me == self.options.primary:
-            for key in self._stale_keys:
-                self._sync.cleanup(key)
-            self._stale_keys.clear()
-        self._stale_keys.append(seq)
-        parsed = {p: json.loads(v) for p, v in sorted(answers.items())}
-        for p, answer in parsed.items():
-            prob = answer.get("problem") or {}
-            if prob.get("kind") == "root":
-                raise RootNotWritableError(str(self.root), p, prob["reason"])
-            if prob.get("kind") == "exists":
-                raise StepExistsError(prob["path"])
-        op = str(parsed[self.options.primary]["op"])
-        self._stale_keys.append(op)
-        return op
-
-    def _barrier(self, journal: JournalWriter, op: str, name: str) -> None:
-        journal.emit("barrier_enter", name=name)
-        self._sync.barrier(op, name, timeout_s=self.options.timeout_s)
-        journal.emit("barrier_exit", name=name)
-
-    def _background(
-        self,
-        op: str,
-        step: int,
-        snap: Snapshot,
-        journal: JournalWriter,
-        force: bool,
-        t_requested: float,
-    ) -> None:
-        me = self.process_index
-        primary = me == self.options.primary
-        final = step_dir(self.root, step)
-        work = tmp_dir(self.root, step) if self.options.mode == "rename" else final
-        phase = "prepare"
-
-        def enter(name: str) -> None:
-            nonlocal phase
-            phase = name
-            hooks.fire(name)
-
-        try:
-            enter("prepare")
-            if primary:
-                self._prepare(work, final, snap)
-            enter("barrier:tmp_ready")
-            self._barrier(journal, op, "tmp_ready")
-            journal.emit("tmp_ready")
-            enter("write")
-            journal.emit("write_started", bytes=snap.nbytes)
-
-            def watch() -> None:
-                # A long write still gives up soon after a peer dies or fails.
-                self._health.check("write")
-                self._sync.check_failures(op)
-
-            checksums: dict[str, dict[str, int]] = {}
-            written = write_shards(
-                work,
-                snap,
-                progress=lambda b: journal.emit("write_progress", bytes=b),
-                watch=watch,
-                checksums=checksums,
-            )
-            sums = work / CHECKSUMS_DIR
-            sums.mkdir(exist_ok=True)
-            _write_durable(sums / f"process_{me}.json", json.dumps(checksums))
-            journal.emit("write_done", bytes=written)
-            enter("barrier:write_complete")
-            self._barrier(journal, op, "write_complete")
-            if primary:
-                enter("finalize")
-                journal.emit("finalize_started")
-                self._finalize(work, final, snap, op, step, t_requested, force)
-                journal.emit("finalized")
-            enter("barrier:commit_complete")
-            self._barrier(journal, op, "commit_complete")
-            journal.emit("committed")
-            if primary and self.options.max_to_keep is not None:
-                phase = "retention"
-                self._apply_retention(self.options.max_to_keep)
-        except BaseException as e:
-            reason = str(e) if isinstance(e, NbckptError) else f"{type(e).__name__}: {e}"
-            reason = _TS_SPEC.sub("", reason)
-            reason += _advice(reason, self.root)
-            # Past the finalize, the step may be complete although a peer then failed.
-            committed = phase == "barrier:commit_complete" and is_complete(final)
-            # Journal before telling the peers, so the cause is the first failure on record.
-            journal.emit("failed", error=reason, phase=phase, committed=committed)
-            if not isinstance(e, PeerFailedError | PeerDeadError):
-                self._sync.signal_failure(op, f"{reason} (during {phase})")
-            with self._lock:
-                self._error = CheckpointError(op, step, me, phase, reason, committed)
-        finally:
-            journal.close()
-
-    def _prepare(self, work: Path, final: Path, snap: Snapshot) -> None:
-        """Primary only: make an empty working directory with every array created."""
-        if work == final:
-            # commit_file mode writes in place: an old directory is either incomplete
-            # (a failed attempt) or being replaced with force=True. Un-commit it first
-            # so no reader takes it for complete while it is removed.
-            if final.exists():
-                (final / COMMIT_FILE).unlink(missing_ok=True)
-                shutil.rmtree(final)
-        elif work.exists():
-            shutil.rmtree(work)  # left by an abandoned save of the same step
-        work.mkdir(parents=True)
-        create_arrays(work, snap)
-
-    def _finalize(
-        self,
-        work: Path,
-        final: Path,
-        snap: Snapshot,
-        op: str,
-        step: int,
-        t_requested: float,
-        force: bool,
-    ) -> None:
-        """Primary only: write the metadata, make everything durable, publish."""
-        meta = {
-            "format": FORMAT,
-            "step": step,
-            "mode": self.options.mode,
-            "op": op,
-            "process_count": self.process_count,
-            "primary": self.options.primary,
-            "time_requested": t_requested,
-            "time_finalized": time.time(),
-            "leaves": snap.leaves,
-        }
-        _write_durable(work / METADATA_FILE, json.dumps(meta, indent=1))
-        fsync_tree_dirs(work)
-        if self.options.mode == "commit_file":
-            _write_durable(final / COMMIT_FILE, f"{op}\n")
-            fsync_dir(final)
-        elif final.exists():
-            if not force:
-                raise StepExistsError(str(final))
-            old = final.with_name(f"{step}{DELETING_SUFFIX}")
-            if old.exists():
-                shutil.rmtree(old)
-            os.rename(final, old)
-            os.rename(work, final)
-            fsync_dir(self.root)
-            shutil.rmtree(old)
-        else:
-            os.rename(work, final)
-        fsync_dir(self.root)
-
-    def _apply_retention(self, keep: int) -> None:
-        """Primary only: remove the oldest complete steps beyond ``keep``."""
-        steps = all_steps(self.root)
-        for step in steps[: max(0, len(steps) - keep)]:
-            doomed = step_dir(self.root, step).with_name(f"{step}{DELETING_SUFFIX}")
-            os.rename(step_dir(self.root, step), doomed)  # no longer a step, atomically
-            fsync_dir(self.root)
-            shutil.rmtree(doomed)

@@ -8,15 +8,30 @@ boundaries listed in :data:`nbckpt.engine.hooks.PHASES`, or inside the writer.
 from __future__ import annotations
 
 import errno
+import math
 import os
 import signal
 import time
 
 from nbckpt.engine import hooks
+from nbckpt.protocol import Phase, check_timeout
 
-__all__ = ["KINDS", "clear", "fail_io", "kill", "list_faults", "slow_io", "stall"]
+__all__ = [
+    "ACTIONS",
+    "KINDS",
+    "arm",
+    "clear",
+    "fail_io",
+    "kill",
+    "list_faults",
+    "slow_io",
+    "stall",
+]
 
+#: The faults that can be injected.
 KINDS = ("kill", "stall", "slow-io", "fail-io")
+#: What ``%ckpt_fault`` takes: a fault, or ``list`` / ``clear``.
+ACTIONS = (*KINDS, "list", "clear")
 
 _active: dict[str, str] = {}
 
@@ -37,14 +52,13 @@ def kill(at: str | None = None) -> str:
 
 def stall(at: str, seconds: float) -> str:
     """Sleep ``seconds`` each time phase ``at`` starts (the heartbeat keeps beating)."""
-    if seconds <= 0:
-        raise ValueError(f"seconds must be positive, got {seconds:g}")
+    seconds = check_timeout(seconds, "seconds")
     hooks.set_hook(at, lambda _p: time.sleep(seconds))
     _active[at] = f"stall {seconds:g} s at {at}"
     return _active[at]
 
 
-def fail_io(at: str = "write") -> str:
+def fail_io(at: str = Phase.WRITE) -> str:
     """Raise an ``OSError`` (EIO) when phase ``at`` starts, as a failing disk would."""
 
     def fail(phase: str) -> None:
@@ -57,8 +71,8 @@ def fail_io(at: str = "write") -> str:
 
 def slow_io(factor: float) -> str:
     """Make this process's writes ``factor`` times slower (1 restores full speed)."""
-    if factor < 1:
-        raise ValueError(f"factor must be at least 1, got {factor:g}")
+    if not math.isfinite(factor) or factor < 1:
+        raise ValueError(f"factor must be a finite number of at least 1, got {factor!r}")
     hooks.set_io_slowdown(factor)
     if factor == 1:
         _active.pop("io", None)
@@ -76,3 +90,22 @@ def clear() -> None:
     """Disarm every fault of this process."""
     hooks.clear_hooks()
     _active.clear()
+
+
+def arm(
+    kind: str, *, at: str | None = None, seconds: float | None = None, factor: float | None = None
+) -> list[str]:
+    """Do one of :data:`ACTIONS` in this process; return the faults armed after it."""
+    if kind == "kill":
+        kill(at)
+    elif kind == "stall":
+        stall(at or Phase.WRITE, seconds if seconds is not None else 1.0)
+    elif kind == "slow-io":
+        slow_io(factor if factor is not None else 1.0)
+    elif kind == "fail-io":
+        fail_io(at or Phase.WRITE)
+    elif kind == "clear":
+        clear()
+    elif kind != "list":
+        raise ValueError(f"unknown fault {kind!r}; one of {', '.join(ACTIONS)}")
+    return list_faults()

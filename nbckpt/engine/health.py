@@ -17,12 +17,13 @@ import threading
 import time
 from collections.abc import Sequence
 
-from nbckpt.engine.sync import PREFIX, SignalingClient
+from nbckpt.engine.sync import SignalingClient
 from nbckpt.errors import PeerDeadError
+from nbckpt.protocol import KEY_PREFIX
 
 __all__ = ["HealthMonitor", "monitor_for"]
 
-_KEY = f"{PREFIX}/health"
+_KEY = f"{KEY_PREFIX}/health"
 
 
 class HealthMonitor:

@@ -1,8 +1,7 @@
 """Hooks at the engine's own phase boundaries, for tests and fault injection.
 
 The checkpointer calls :func:`fire` with the name of each phase just before it starts
-(``"snapshot"``, ``"prepare"``, ``"barrier:tmp_ready"``, ``"write"``,
-``"barrier:write_complete"``, ``"finalize"``, ``"barrier:commit_complete"``). A hook
+(:data:`nbckpt.protocol.PHASES`, from the snapshot to the commit barrier). A hook
 may sleep (to stall a process), raise (to fail it) or exit the process. No hook is set
 unless a test or the user sets one.
 """

@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from nbckpt.errors import BarrierTimeoutError, PeerFailedError
+from nbckpt.protocol import FAILED_KEY, KEY_PREFIX, barrier_key
 
 __all__ = [
     "CoordinationServiceClient",
@@ -41,7 +42,6 @@ __all__ = [
     "next_sequence",
 ]
 
-PREFIX = "nbckpt"
 _POISON = 1 << 20  # the service parses counts as 32-bit ints
 
 
@@ -300,11 +300,11 @@ class Synchronizer:
         """Tell the other processes of ``op`` that this one failed (best effort)."""
         # The service may be gone too; the caller's own error is what gets raised.
         with contextlib.suppress(Exception):
-            self.client.key_value_set(f"{PREFIX}/{op}/failed/{self.process_index}", reason)
+            self.client.key_value_set(f"{barrier_key(op, FAILED_KEY)}/{self.process_index}", reason)
 
     def check_failures(self, op: str) -> None:
         """Raise :class:`PeerFailedError` if another process of ``op`` failed."""
-        failed = self.client.key_value_dir_get(f"{PREFIX}/{op}/failed")
+        failed = self.client.key_value_dir_get(barrier_key(op, FAILED_KEY))
         others = {int(k.rsplit("/", 1)[1]): v for k, v in failed.items()}
         others.pop(self.process_index, None)
         if others:
@@ -336,7 +336,7 @@ class Synchronizer:
         me = self.process_index
         if me not in expected:
             raise ValueError(f"process {me} is not among the barrier's processes {expected}")
-        key = f"{PREFIX}/{op}/{name}"
+        key = barrier_key(op, name)
         deadline = time.monotonic() + timeout_s
         count = self.client.key_value_increment(f"{key}/count", 1)
         if count == len(expected):
@@ -382,7 +382,7 @@ class Synchronizer:
         BarrierTimeoutError
             If ``source`` did not publish within ``timeout_s``.
         """
-        key = f"{PREFIX}/{op}/{name}"
+        key = barrier_key(op, name)
         if self.process_index == source:
             if value is None:
                 raise ValueError("the source process must provide a value")
@@ -401,7 +401,7 @@ class Synchronizer:
         BarrierTimeoutError
             If some process did not take part within ``timeout_s``.
         """
-        key = f"{PREFIX}/{op}/{name}"
+        key = barrier_key(op, name)
         self.client.key_value_set(f"{key}/value/{self.process_index}", value)
         self.barrier(op, name, timeout_s=timeout_s)
         values = self.client.key_value_dir_get(f"{key}/value")
@@ -411,4 +411,4 @@ class Synchronizer:
         """Delete every key of ``op`` (call only once every process is past it)."""
         # Leftover keys only cost the service a little memory.
         with contextlib.suppress(Exception):
-            self.client.key_value_delete(f"{PREFIX}/{op}")
+            self.client.key_value_delete(f"{KEY_PREFIX}/{op}")

@@ -1,0 +1,241 @@
+"""One save's background part: prepare, write, barriers, finalize, retention.
+
+:class:`SaveJob` runs on the checkpointer's thread once the snapshot is taken. It
+journals every phase, fires the phase hooks, and on failure journals the cause as data
+(``cause``, ``culprit``, ``committed``, ``previous_kept``) before telling the peers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nbckpt.engine import hooks
+from nbckpt.engine.advice import reason
+from nbckpt.engine.commit import CommitStrategy
+from nbckpt.engine.retention import apply_retention
+from nbckpt.engine.snapshot import Snapshot
+from nbckpt.engine.sync import Synchronizer
+from nbckpt.engine.writer import create_arrays, write_shards
+from nbckpt.errors import BarrierTimeoutError, CheckpointError, PeerDeadError, PeerFailedError
+from nbckpt.journal import JournalWriter
+from nbckpt.layout import (
+    CHECKSUMS_DIR,
+    FORMAT,
+    METADATA_FILE,
+    fsync_tree_dirs,
+    is_complete,
+    read_metadata,
+    step_dir,
+    write_durable,
+    write_owner,
+)
+from nbckpt.protocol import (
+    DECISION_KEY,
+    Barrier,
+    Cause,
+    Event,
+    Phase,
+    barrier_key,
+    barrier_phase,
+)
+
+__all__ = ["SaveJob", "fail"]
+
+
+def committed_by(final: Path, op: str) -> bool:
+    """Whether ``final`` is complete and holds the step that operation ``op`` committed."""
+    if not is_complete(final):
+        return False
+    meta = read_metadata(final)
+    return meta is not None and meta.get("op") == op
+
+
+def _cause(error: BaseException, me: int) -> tuple[Cause, int | None]:
+    """Why this process failed, and which process it blames."""
+    if isinstance(error, PeerFailedError):
+        return Cause.PEER_FAILED, error.process
+    if isinstance(error, PeerDeadError):
+        return Cause.PEER_DEAD, error.processes[0] if error.processes else None
+    if isinstance(error, BarrierTimeoutError):
+        return Cause.TIMEOUT, error.missing[0] if error.missing else None
+    return Cause.ERROR, me
+
+
+def fail(
+    sync: Synchronizer,
+    journal: JournalWriter,
+    root: Path,
+    error: BaseException,
+    phase: str,
+    *,
+    committed: bool,
+    previous_kept: bool,
+) -> str:
+    """Journal a failure with its cause as data, then tell the peers; return its text."""
+    text = reason(error, root)
+    cause, culprit = _cause(error, sync.process_index)
+    # Journal before telling the peers, so the cause is the first failure on record.
+    journal.emit(
+        Event.FAILED,
+        error=text,
+        phase=phase,
+        cause=cause,
+        culprit=culprit,
+        committed=committed,
+        previous_kept=previous_kept,
+    )
+    if cause == Cause.ERROR:
+        sync.signal_failure(journal.op, f"{text} (during {phase})")
+    return text
+
+
+@dataclass
+class SaveJob:
+    """Everything the background part of one save needs."""
+
+    root: Path
+    op: str
+    step: int
+    snap: Snapshot
+    journal: JournalWriter
+    strategy: CommitStrategy
+    sync: Synchronizer
+    health: Callable[[str], None]
+    primary: int
+    timeout_s: float
+    t_requested: float
+    max_to_keep: int | None
+
+    def run(self) -> CheckpointError | None:
+        """Write, meet the others, commit; return the error to raise later, if any."""
+        me = self.sync.process_index
+        is_primary = me == self.primary
+        work = self.strategy.work_dir(self.root, self.step)
+        phase: str = Phase.PREPARE
+        written_everywhere = False
+
+        def enter(name: str) -> None:
+            nonlocal phase
+            phase = name
+            hooks.fire(name)
+
+        try:
+            enter(Phase.PREPARE)
+            if is_primary:
+                self.strategy.prepare(self.root, self.step)
+                write_owner(work, self.op, self.strategy.mode, self.step)
+                create_arrays(work, self.snap)
+            enter(barrier_phase(Barrier.TMP_READY))
+            self._barrier(Barrier.TMP_READY)
+            self.journal.emit(Event.TMP_READY)
+            enter(Phase.WRITE)
+            self._write(work)
+            enter(barrier_phase(Barrier.WRITE_COMPLETE))
+            self._barrier(Barrier.WRITE_COMPLETE)
+            written_everywhere = True
+            if is_primary:
+                enter(Phase.FINALIZE)
+                self.journal.emit(Event.FINALIZE_STARTED)
+                self._write_metadata(work)
+                self.strategy.finalize(self.root, self.step, self.op)
+                self._decide(Event.COMMITTED)
+                self.journal.emit(Event.FINALIZED)
+            enter(barrier_phase(Barrier.COMMIT_COMPLETE))
+            self._barrier(Barrier.COMMIT_COMPLETE)
+            self.journal.emit(Event.COMMITTED)
+            if is_primary and self.max_to_keep is not None:
+                phase = Phase.RETENTION
+                apply_retention(self.root, self.max_to_keep)
+        except BaseException as e:
+            if is_primary:
+                self._decide(Event.FAILED)
+            elif written_everywhere:
+                # The primary may still finalize (every shard is durable): say what it
+                # decided, not what the disk held a moment before.
+                self._await_decision()
+            # Past the finalize the step may be complete although a peer then failed;
+            # a forced re-save that failed earlier left the old step as it was.
+            final = step_dir(self.root, self.step)
+            committed = committed_by(final, self.op)
+            kept = not committed and is_complete(final)
+            text = fail(
+                self.sync,
+                self.journal,
+                self.root,
+                e,
+                phase,
+                committed=committed,
+                previous_kept=kept,
+            )
+            return CheckpointError(self.op, self.step, me, phase, text, committed, kept)
+        finally:
+            self.journal.close()
+        return None
+
+    def _barrier(self, name: str) -> None:
+        self.journal.emit(Event.BARRIER_ENTER, name=name)
+        self.sync.barrier(self.op, name, timeout_s=self.timeout_s)
+        self.journal.emit(Event.BARRIER_EXIT, name=name)
+
+    def _write(self, work: Path) -> None:
+        """Write this process's shards and their checksums, durably."""
+        self.journal.emit(Event.WRITE_STARTED, bytes=self.snap.nbytes)
+
+        def watch() -> None:
+            # A long write still gives up soon after a peer dies or fails.
+            self.health(Phase.WRITE)
+            self.sync.check_failures(self.op)
+
+        checksums: dict[str, Any] = {}
+        written = write_shards(
+            work,
+            self.snap,
+            progress=lambda b: self.journal.emit(Event.WRITE_PROGRESS, bytes=b),
+            watch=watch,
+            checksums=checksums,
+        )
+        sums = work / CHECKSUMS_DIR
+        sums.mkdir(exist_ok=True)
+        write_durable(sums / f"process_{self.sync.process_index}.json", json.dumps(checksums))
+        self.journal.emit(Event.WRITE_DONE, bytes=written)
+
+    def _decide(self, outcome: str) -> None:
+        """Primary only: publish whether it finalized, once (best effort)."""
+        with contextlib.suppress(Exception):
+            self.sync.client.key_value_set(barrier_key(self.op, DECISION_KEY), outcome)
+
+    def _await_decision(self) -> None:
+        """Wait until the primary has finalized or given up, or is known dead."""
+        deadline = time.monotonic() + self.timeout_s
+        key = barrier_key(self.op, DECISION_KEY)
+        while time.monotonic() < deadline:
+            try:
+                if self.sync.client.blocking_key_value_get(key, 0.2):
+                    return
+                self.health(Phase.FINALIZE)
+            except Exception:
+                return  # the primary or the service is gone: the disk says the rest
+
+    def _write_metadata(self, work: Path) -> None:
+        """Primary only: write the metadata, then make the whole tree durable."""
+        meta = {
+            "format": FORMAT,
+            "step": self.step,
+            "mode": self.strategy.mode,
+            "op": self.op,
+            "process_count": self.sync.process_count,
+            "primary": self.primary,
+            "time_requested": self.t_requested,
+            "time_finalized": time.time(),
+            "leaves": self.snap.leaves,
+            # Restore then knows that a missing _CHECKSUMS is damage, not an old step.
+            "checksums": True,
+        }
+        write_durable(work / METADATA_FILE, json.dumps(meta, indent=1))
+        fsync_tree_dirs(work)

@@ -1,0 +1,195 @@
+"""How a save becomes complete: two small strategies behind one interface.
+
+``RenameCommit`` writes into ``<step>.nbckpt-tmp`` and publishes it by renaming it to
+``<step>`` (atomic on POSIX file systems). ``CommitFileCommit`` writes into ``<step>``
+itself and publishes it by writing ``commit_success.txt`` last, for stores whose rename
+is not atomic. The checkpointer never branches on the mode: it asks the strategy.
+
+Both keep the promise of DESIGN.md: a committed step stays restorable until its
+replacement commits, and nothing nbckpt did not create is written over or deleted.
+Every method here runs on the primary process only.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Protocol
+
+from nbckpt.layout import (
+    COMMIT_FILE,
+    DELETING_SUFFIX,
+    fsync_dir,
+    step_dir,
+    tmp_dir,
+    write_durable,
+)
+from nbckpt.layout import entry_state as _entry_state
+from nbckpt.protocol import COMMIT_FILE_MODE, RENAME, Mode
+
+__all__ = ["CommitFileCommit", "CommitStrategy", "RenameCommit", "strategy_for"]
+
+
+class CommitStrategy(Protocol):
+    """Where a save writes, what it may replace, and how it publishes."""
+
+    mode: Mode
+
+    def work_dir(self, root: Path, step: int) -> Path:
+        """The directory the processes write their shards into."""
+        ...
+
+    def problem(self, root: Path, step: int, force: bool) -> dict[str, str] | None:
+        """Why this save must not start, as ``{"kind": ..., "path": ...}``, or None.
+
+        Checked by the primary in the preflight, before anyone writes.
+        """
+        ...
+
+    def prepare(self, root: Path, step: int) -> Path:
+        """Make the empty working directory; return it."""
+        ...
+
+    def finalize(self, root: Path, step: int, op: str) -> None:
+        """Publish the working directory, whose contents are already durable."""
+        ...
+
+
+def _final_problem(final: Path, force: bool) -> dict[str, str] | None:
+    """What stands at ``<step>`` that a save must not replace, if anything."""
+    if not final.exists() and not final.is_symlink():
+        return None
+    if final.is_symlink() or not final.is_dir():
+        return {"kind": "foreign", "path": str(final)}
+    state = _entry_state(final)
+    if state == "foreign":
+        return {"kind": "foreign", "path": str(final)}
+    if state in ("complete", "corrupt") and not force:
+        return {"kind": "exists", "path": str(final)}
+    return None
+
+
+def _remove_aside(path: Path) -> None:
+    """Delete a directory of ours: rename it out of every reader's view, then remove it."""
+    doomed = path.with_name(f"{path.name}{DELETING_SUFFIX}")
+    if doomed.exists():
+        shutil.rmtree(doomed)
+    os.rename(path, doomed)
+    fsync_dir(path.parent)
+    shutil.rmtree(doomed)
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically (Linux ``renameat2(RENAME_EXCHANGE)``); False if unsupported."""
+    name = ctypes.util.find_library("c")
+    libc: Any = ctypes.CDLL(name, use_errno=True) if name else None
+    fn = getattr(libc, "renameat2", None)
+    if fn is None:
+        return False
+    rc = fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (22, 38, 95):  # EINVAL, ENOSYS, EOPNOTSUPP: the file system cannot swap
+        return False
+    raise OSError(err, os.strerror(err), str(a))
+
+
+class RenameCommit:
+    """Write into ``<step>.nbckpt-tmp``; publish by renaming it to ``<step>``.
+
+    A forced re-save swaps the new directory with the old one in one atomic exchange
+    where the file system offers it (Linux), so ``<step>`` is complete at every instant;
+    elsewhere the old step is renamed aside for the moment between two renames.
+    """
+
+    mode: Mode = RENAME
+
+    def work_dir(self, root: Path, step: int) -> Path:
+        """``<step>.nbckpt-tmp``."""
+        return tmp_dir(root, step)
+
+    def problem(self, root: Path, step: int, force: bool) -> dict[str, str] | None:
+        """A foreign ``<step>``, or a committed one without ``force``."""
+        return _final_problem(step_dir(root, step), force)
+
+    def prepare(self, root: Path, step: int) -> Path:
+        """Make ``<step>.nbckpt-tmp`` afresh (the suffix is nbckpt's own)."""
+        work = self.work_dir(root, step)
+        if work.exists():
+            shutil.rmtree(work)  # left by an abandoned save of this step
+        work.mkdir(parents=True)
+        return work
+
+    def finalize(self, root: Path, step: int, op: str) -> None:
+        """Rename the working directory to ``<step>``, swapping out an old one."""
+        work, final = self.work_dir(root, step), step_dir(root, step)
+        if not final.exists():
+            os.rename(work, final)
+        elif _exchange(work, final):
+            fsync_dir(root)
+            shutil.rmtree(work)  # now the old step, no longer under a step name
+        else:
+            old = final.with_name(f"{step}{DELETING_SUFFIX}")
+            if old.exists():
+                shutil.rmtree(old)
+            os.rename(final, old)
+            os.rename(work, final)
+            fsync_dir(root)
+            shutil.rmtree(old)
+        fsync_dir(root)
+
+
+class CommitFileCommit:
+    """Write into ``<step>`` itself; publish by writing the commit-success file last.
+
+    Writing in place means a committed step cannot be replaced without a moment in
+    which it is gone, so a forced re-save of a committed step is refused: save under a
+    new step, or use rename mode.
+    """
+
+    mode: Mode = COMMIT_FILE_MODE
+
+    def work_dir(self, root: Path, step: int) -> Path:
+        """``<step>`` itself."""
+        return step_dir(root, step)
+
+    def problem(self, root: Path, step: int, force: bool) -> dict[str, str] | None:
+        """As for rename mode, and refuse to replace a committed step in place."""
+        final = step_dir(root, step)
+        found = _final_problem(final, force)
+        if found is None and force and _entry_state(final) in ("complete", "corrupt"):
+            return {"kind": "replace_in_place", "path": str(final)}
+        return found
+
+    def prepare(self, root: Path, step: int) -> Path:
+        """Make ``<step>``, removing an uncommitted attempt of nbckpt's first."""
+        work = self.work_dir(root, step)
+        if work.exists():
+            # Only an uncommitted attempt of ours gets here (see problem()).
+            _remove_aside(work)
+        work.mkdir(parents=True)
+        return work
+
+    def finalize(self, root: Path, step: int, op: str) -> None:
+        """Write the commit-success file, durably."""
+        final = step_dir(root, step)
+        write_durable(final / COMMIT_FILE, f"{op}\n")
+        fsync_dir(final)
+        fsync_dir(root)
+
+
+def strategy_for(mode: str) -> CommitStrategy:
+    """Return the strategy of ``mode`` (``"rename"`` or ``"commit_file"``)."""
+    if mode == RENAME:
+        return RenameCommit()
+    if mode == COMMIT_FILE_MODE:
+        return CommitFileCommit()
+    raise ValueError(f"mode must be 'rename' or 'commit_file', got {mode!r}")

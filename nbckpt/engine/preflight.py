@@ -1,0 +1,142 @@
+"""The preflight: every process checks, before anyone writes, that an operation can go.
+
+Each process posts what it found wrong (or nothing) in one gather over the key-value
+store; the primary also posts the operation id. Every process then raises the same
+error, so a bad root, an existing or foreign step, or a tree one process cannot save
+never leaves a half-started save, nor peers waiting out their deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+from nbckpt.engine.advice import reason
+from nbckpt.engine.commit import CommitStrategy
+from nbckpt.engine.sync import Synchronizer, next_sequence
+from nbckpt.errors import (
+    CommitRefusedError,
+    ForeignEntryError,
+    PeerFailedError,
+    RootNotWritableError,
+    StepExistsError,
+    StepNotFoundError,
+)
+from nbckpt.layout import all_steps, is_complete, latest_step, step_dir
+from nbckpt.protocol import Kind, Status, new_op_id
+
+__all__ = ["Preflight"]
+
+
+def _probe_writable(root: Path, process: int) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    probe = root / f".nbckpt-probe-{process}-{uuid.uuid4().hex[:8]}"
+    probe.write_bytes(b"")
+    probe.unlink()
+
+
+def _raise_problem(root: Path, process: int, problem: dict[str, Any]) -> None:
+    """Raise, on every process alike, the error one process's preflight found."""
+    kind = problem.get("kind")
+    if kind == "root":
+        raise RootNotWritableError(str(root), process, problem["reason"])
+    if kind == "exists":
+        raise StepExistsError(problem["path"])
+    if kind == "foreign":
+        raise ForeignEntryError(problem["path"])
+    if kind == "replace_in_place":
+        raise CommitRefusedError(problem["path"])
+    if kind == "missing":
+        raise StepNotFoundError(str(root), problem.get("wanted"), all_steps(root))
+    raise PeerFailedError(process, str(problem.get("reason", Status.FAILED)))
+
+
+class Preflight:
+    """The agreement that starts every save and restore of one checkpointer.
+
+    Parameters
+    ----------
+    sync
+        The synchronizer of the checkpointer's processes.
+    root
+        The checkpoint root.
+    primary
+        The process that creates directories and picks the operation id.
+    """
+
+    def __init__(self, sync: Synchronizer, root: Path, primary: int) -> None:
+        self.sync = sync
+        self.root = root
+        self.primary = primary
+        self._stale_keys: list[str] = []
+
+    def _problem(
+        self,
+        kind: str,
+        step: int | None,
+        local: BaseException | None,
+        strategy: CommitStrategy | None,
+        force: bool,
+    ) -> dict[str, Any]:
+        """What this process found wrong, as JSON-able data (the primary adds the step)."""
+        if local is not None:
+            return {"kind": "local", "reason": reason(local, self.root)}
+        is_primary = self.sync.process_index == self.primary
+        if kind == Kind.SAVE:
+            assert strategy is not None and step is not None
+            try:
+                _probe_writable(self.root, self.sync.process_index)
+            except OSError as e:
+                return {"kind": "root", "reason": e.strerror or str(e)}
+            if is_primary:
+                return strategy.problem(self.root, step, force) or {}
+        elif is_primary:
+            found = latest_step(self.root) if step is None else step
+            if found is None or not is_complete(step_dir(self.root, found)):
+                return {"kind": "missing", "wanted": step}
+            return {"step": found}
+        return {}
+
+    def agree(
+        self,
+        kind: Kind,
+        step: int | None,
+        timeout_s: float,
+        local: BaseException | None,
+        *,
+        strategy: CommitStrategy | None = None,
+        force: bool = False,
+        key: str | None = None,
+    ) -> tuple[str, int | None]:
+        """Check on every process and agree on an op id; return it and the step.
+
+        For a restore of the latest step (``step`` None), the step is the primary's
+        choice. ``local`` is an error this process met before the operation (its
+        tree, its target): it is shared, then raised here as the caller raised it.
+        """
+        seq = f"key-{key}" if key is not None else f"seq{next_sequence()}"
+        me = self.sync.process_index
+        problem = self._problem(kind, step, local, strategy, force)
+        mine: dict[str, Any] = {"problem": problem}
+        if me == self.primary:
+            step = problem.pop("step", step)
+            mine["op"] = new_op_id(kind, step if step is not None else 0)
+            mine["step"] = step
+        answers = self.sync.gather(seq, "preflight", json.dumps(mine), timeout_s=timeout_s)
+        # Everyone has passed the keys of earlier operations: the primary drops them.
+        if me == self.primary:
+            for stale in self._stale_keys:
+                self.sync.cleanup(stale)
+            self._stale_keys.clear()
+        self._stale_keys.append(seq)
+        parsed = {p: json.loads(v) for p, v in sorted(answers.items())}
+        if local is not None:
+            raise local
+        for p, answer in parsed.items():
+            if answer.get("problem"):
+                _raise_problem(self.root, p, answer["problem"])
+        op = str(parsed[self.primary]["op"])
+        self._stale_keys.append(op)
+        return op, parsed[self.primary].get("step")
