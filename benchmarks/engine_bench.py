@@ -7,6 +7,11 @@ sharded over all devices, into a fresh root. Before each restore the page cache 
 step's files is dropped (``posix_fadvise(DONTNEED)`` on every file, after they were
 fsync'd), so the restore reads from the disk. Each figure is the median over
 repetitions of the slowest process.
+
+The cost of checking every chunk against its recorded checksum (CRC-32C) on restore is
+measured side by side: each repetition also reads the step cold through
+``restore_step(verify=True)`` and ``restore_step(verify=False)`` (in alternating order),
+and the ratio of the two medians is printed.
 """
 
 from __future__ import annotations
@@ -75,6 +80,39 @@ def _w_restore(root: str, step: int) -> float:
     return time.perf_counter() - t0
 
 
+def _w_restore_step(root: str, step: int, verify: bool) -> dict[str, float]:
+    """Cold restore through ``restore_step``, with or without the checksum check.
+
+    Returns the restore's seconds, and the seconds spent computing checksums in it.
+    """
+    import jax
+
+    from nbckpt import checksum
+    from nbckpt.engine import restore
+    from nbckpt.layout import step_dir
+
+    spent = [0.0]
+    compute = checksum.checksum
+
+    def timed(data: Any, algorithm: str) -> int:
+        t = time.perf_counter()
+        try:
+            return compute(data, algorithm)
+        finally:
+            spent[0] += time.perf_counter() - t
+
+    target = {k: _state["sharding"] for k in _state["tree"]}
+    restore._checksum.checksum = timed  # type: ignore[attr-defined]
+    try:
+        t0 = time.perf_counter()
+        out = restore.restore_step(step_dir(root, step), target, verify=verify)
+        jax.block_until_ready(out)
+        seconds = time.perf_counter() - t0
+    finally:
+        restore._checksum.checksum = compute  # type: ignore[attr-defined]
+    return {"seconds": seconds, "crc": spent[0]}
+
+
 def _w_barriers(count: int) -> float:
     from nbckpt.engine import Synchronizer, default_client
 
@@ -127,12 +165,22 @@ def main(argv: list[str] | None = None) -> int:
         with ProcessGroup(args.processes, env=env) as group:
             nbytes = group.run(f"{mod}:_w_build", int(args.gib * 2**30))[0]
             saves, restores, method = [], [], ""
+            checked: dict[bool, list[float]] = {True: [], False: []}
+            crc: list[float] = []
             for rep in range(args.reps):
                 root = base / f"rep{rep}"
                 res = group.run(f"{mod}:_w_save", str(root), rep)
                 saves.append((max(r["blocked"] for r in res), max(r["commit"] for r in res)))
                 method = drop_cache(root)
                 restores.append(max(group.run(f"{mod}:_w_restore", str(root), rep)))
+                # The same step read cold with and without the checksum check, in an
+                # order that alternates, so that neither always runs first.
+                for verify in (True, False) if rep % 2 else (False, True):
+                    drop_cache(root)
+                    res = group.run(f"{mod}:_w_restore_step", str(root), rep, verify)
+                    checked[verify].append(max(r["seconds"] for r in res))
+                    if verify:
+                        crc.append(max(r["crc"] for r in res))
                 shutil.rmtree(root)
             barrier = max(group.run(f"{mod}:_w_barriers", 200))
     finally:
@@ -150,6 +198,32 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  save blocks          {blocked * 1e3:8.1f} ms")
     print(f"  durable commit after {commit:8.2f} s   ({gb / commit:.2f} GB/s)")
     print(f"  cold restore         {restore:8.2f} s   ({gb / restore:.2f} GB/s)")
+    on, off = statistics.median(checked[True]), statistics.median(checked[False])
+    spread = {v: f"{min(checked[v]):.2f}-{max(checked[v]):.2f} s" for v in checked}
+    print(
+        f"    checksums verified {on:8.2f} s   ({gb / on:.2f} GB/s)  restore_step(verify=True), "
+        f"range {spread[True]}"
+    )
+    print(
+        f"    not verified       {off:8.2f} s   ({gb / off:.2f} GB/s)  restore_step(verify=False), "
+        f"range {spread[False]}"
+    )
+    # On a shared machine the spread dwarfs the check; the fastest run of each, where
+    # the least else was running, and the ratio within each repetition are steadier.
+    pairs = [a / b for a, b in zip(checked[True], checked[False], strict=True)]
+    fastest = min(checked[True]) / min(checked[False])
+    print(
+        f"    verified / unverified: fastest runs {fastest:.3f}, median of the "
+        f"per-repetition ratios {statistics.median(pairs):.3f}"
+    )
+    print(
+        f"    verification cost  {(on / off - 1) * 100:+8.1f} %   "
+        f"(verified / unverified = {on / off:.3f})"
+    )
+    print(
+        f"    checksum compute   {statistics.median(crc) * 1e3:8.1f} ms  per process, within "
+        "the verified restore (CRC-32C)"
+    )
     print(f"  barrier round trip   {barrier * 1e3:8.2f} ms  ({args.processes} processes)")
     return 0
 

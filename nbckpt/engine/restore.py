@@ -1,8 +1,30 @@
-"""Restore: every process reads only the regions its own devices need."""
+"""Restore: every process reads only the regions its own devices need, and checks them.
+
+Every chunk a restore reads is checked against the checksum recorded when it was saved
+(:mod:`nbckpt.checksum`) before any of its values are used. A checksum covers a whole
+chunk, so each region a process needs is widened to whole chunks of the saved zarr grid
+and read whole, into one buffer. With the shardings of the save (the usual case) the
+regions are whole chunks already and nothing more is read; a target sharding that cuts
+chunks reads up to one more chunk at each edge of a region, which then is copied out of
+the checked buffer. Reads are checked in the order they complete, while the others are
+still in flight, so the check (CRC-32C, in hardware, without the GIL) overlaps the
+reading.
+
+A deleted chunk file fails the read (``fill_missing=False``): every chunk of a complete
+step exists on disk, so zarr's fill value would only hide the damage.
+"""
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
+import os
+import queue
+import re
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -10,17 +32,43 @@ import jax
 import numpy as np
 import tensorstore as ts
 
+from nbckpt import checksum as _checksum
 from nbckpt.engine.storage import open_array_async
-from nbckpt.engine.tree import PathEntry, leaf_name, path_entry, unflatten_paths
-from nbckpt.errors import NbckptError
+from nbckpt.engine.tree import (
+    PathEntry,
+    leaf_name,
+    legacy_leaf_name,
+    path_entry,
+    path_str,
+    unflatten_paths,
+)
+from nbckpt.engine.writer import chunk_key, chunk_regions
+from nbckpt.errors import CorruptCheckpointError, NbckptError
 from nbckpt.journal import JournalWriter
-from nbckpt.layout import read_metadata
+from nbckpt.layout import CHECKSUMS_DIR, read_metadata
+from nbckpt.protocol import Event
 
 __all__ = ["aligned_empty", "default_sharding", "restore_step"]
 
 #: XLA's CPU client adopts a host buffer without copying it only if it is aligned to
 #: this many bytes; tensorstore's own read buffers are aligned to 16 only.
 _ALIGNMENT = 64
+
+#: Threads that check chunks while others are still being read: enough to keep up with
+#: fast storage (CRC-32C runs at several GB/s per core), few enough to leave the cores
+#: to the processes that share the host.
+_VERIFY_THREADS = max(1, min(4, (os.cpu_count() or 1) // 2))
+
+#: Where a region of a leaf lies: ``(start, stop)`` per dimension.
+Box = tuple[tuple[int, int], ...]
+
+#: tensorstore status codes that mean the stored data is missing or damaged (any other
+#: failure, such as PERMISSION_DENIED, is raised as it is).
+_DAMAGE = ("NOT_FOUND", "FAILED_PRECONDITION", "DATA_LOSS", "OUT_OF_RANGE")
+#: How tensorstore names a chunk in its errors: ``chunk {1, 0} stored at ...``.
+_CHUNK_IN_ERROR = re.compile(r"chunk \{([0-9, ]*)\}")
+#: ... or the file it could not read: ``Error reading local file "<dir>/1.0": ...``.
+_FILE_IN_ERROR = re.compile(r'file "(?:[^"]*/)?([0-9]+(?:\.[0-9]+)*)"')
 
 
 def aligned_empty(shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
@@ -70,18 +118,39 @@ def _target_parts(t: Any) -> tuple[jax.sharding.Sharding | None, Any, Any]:
     return None, None, None
 
 
-def _index_key(index: tuple[slice, ...], shape: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+def _index_key(index: tuple[slice, ...], shape: tuple[int, ...]) -> Box:
     return tuple(sl.indices(d)[:2] for sl, d in zip(index, shape, strict=True))
 
 
-class _Pending:
-    """The reads of one leaf: opened, issued, then assembled.
+def _chunk_box(box: Box, shape: Sequence[int], chunks: Sequence[int]) -> Box:
+    """Widen ``box`` to the boundaries of the chunks it touches (clipped to the array)."""
+    return tuple(
+        (a // c * c, min(-(-b // c) * c, d))
+        for (a, b), c, d in zip(box, (max(1, c) for c in chunks), shape, strict=True)
+    )
 
-    ``__init__`` starts opening the array, ``issue`` issues the reads and ``result``
-    assembles them once they complete.
 
-    The three steps are separate so that a restore opens every leaf, then issues
-    every read, before it waits for any: tensorstore overlaps them all.
+def _call(on_done: Callable[[_Read], None], read: _Read, _future: Any) -> None:
+    on_done(read)
+
+
+@dataclass
+class _Read:
+    """One read: a chunk-aligned box of one leaf, read whole into ``buf``."""
+
+    leaf: _Leaf
+    box: Box
+    buf: np.ndarray
+    future: Any = None
+
+
+class _Leaf:
+    """The reads of one leaf: opened, issued, checked as they complete, then assembled.
+
+    ``__init__`` starts opening the array, ``issue`` issues the reads, ``complete``
+    checks one finished read and places it on the devices that need it, and ``result``
+    assembles the leaf. The steps are separate so that a restore opens every leaf, then
+    issues every read, before it waits for any: tensorstore overlaps them all.
     """
 
     def __init__(
@@ -90,40 +159,144 @@ class _Pending:
         meta: dict[str, Any],
         sharding: jax.sharding.Sharding | None,
         dtype: Any,
+        recorded: dict[str, tuple[str, int]] | None,
     ) -> None:
+        self.directory = directory
         self.meta = meta
+        self.name: str = meta["name"]
+        self.where = path_str(tuple((k, v) for k, v in meta.get("path", [])))
         self.sharding = sharding
-        self.dtype = dtype
-        self.shape = tuple(meta.get("shape", ()))
+        self.dtype = None if dtype is None else np.dtype(dtype)
+        self.recorded = recorded
+        self.shape = tuple(int(s) for s in meta.get("shape", ()))
+        self.chunks = [int(c) for c in meta.get("chunks", [1] * len(self.shape))]
         self.nbytes = 0
-        self.futures: dict[tuple[tuple[int, int], ...], Any] = {}
-        self.devices: list[tuple[Any, tuple[tuple[int, int], ...]]] = []
+        self.reads: dict[Box, _Read] = {}
+        #: (device, the box it needs) per addressable device; None means host values.
+        self.devices: list[tuple[Any, Box]] = []
+        self.placed: dict[int, Any] = {}
         self._opening: Any = None
         if meta["kind"] != "scalar":
-            self._opening = open_array_async(directory / meta["name"])
+            self._opening = open_array_async(directory / self.name, fill_missing=False)
 
-    def issue(self) -> None:
-        """Issue the reads of every region this process's devices need."""
+    def _damaged(self, detail: str, key: str | None = None) -> CorruptCheckpointError:
+        where = self.directory / self.name
+        return CorruptCheckpointError(
+            str(where / key if key else where), f"leaf {self.where} ({self.name}): {detail}"
+        )
+
+    def _read_failed(self, e: Exception, box: Box) -> Exception:
+        """Turn a tensorstore error that means damage into CorruptCheckpointError."""
+        text = str(e)
+        if not text.startswith(_DAMAGE):
+            return e
+        m = _CHUNK_IN_ERROR.search(text)
+        key: str | None = None
+        if m is not None:
+            key = ".".join(p.strip() for p in m.group(1).split(",")) if m.group(1) else "0"
+            what = f"chunk {key}"
+        elif (f := _FILE_IN_ERROR.search(text)) is not None:
+            key = f.group(1)
+            what = f"chunk {key}"
+        else:
+            regions = chunk_regions(self._slices(box), self.shape, self.chunks)
+            keys = [chunk_key(g, self.chunks) for g, _ in itertools.islice(regions, 5)]
+            what = "one of chunks " + ", ".join(keys[:4]) + (", ..." if len(keys) > 4 else "")
+        if "is missing" in text:
+            return self._damaged(f"{what} is missing (its file was deleted?)", key)
+        return self._damaged(f"{what} cannot be read ({text})", key)
+
+    @staticmethod
+    def _slices(box: Box) -> tuple[slice, ...]:
+        return tuple(slice(a, b) for a, b in box)
+
+    def issue(self, on_done: Callable[[_Read], None]) -> int:
+        """Issue the reads of every region this process needs; return their number.
+
+        ``on_done(read)`` is called, on a tensorstore thread, as each read completes.
+        """
         if self._opening is None:
-            return
-        store = self._opening.result()
-        itemsize = np.dtype(self.meta["dtype"]).itemsize
-        if self.sharding is None:
-            self.futures[()] = store.read()
-            self.nbytes = math.prod(self.shape) * itemsize
-            return
-        whole = tuple(slice(None) for _ in self.shape)
+            return 0
+        try:
+            store = self._opening.result()
+        except ValueError as e:
+            if str(e).startswith("NOT_FOUND"):
+                raise self._damaged(f"its array is missing ({e})") from None
+            raise
         dtype = np.dtype(self.meta["dtype"])
-        for device, index in self.sharding.addressable_devices_indices_map(self.shape).items():
-            key = _index_key(index or whole, self.shape)
-            if key not in self.futures:
-                buf = aligned_empty(tuple(b - a for a, b in key), dtype)
-                dst = ts.array(buf, copy=False, write=True)
-                self.futures[key] = (buf, dst.write(store[index or whole]))
-                self.nbytes += buf.nbytes
-            self.devices.append((device, key))
+        if tuple(store.shape) != self.shape or store.dtype.numpy_dtype != dtype:
+            raise self._damaged(
+                f"the array on disk is {list(store.shape)} {store.dtype.numpy_dtype}, the "
+                f"metadata says {list(self.shape)} {dtype}"
+            )
+        whole: Box = tuple((0, d) for d in self.shape)
+        if self.sharding is None:
+            self.devices.append((None, whole))
+        else:
+            for device, index in self.sharding.addressable_devices_indices_map(self.shape).items():
+                self.devices.append((device, _index_key(index, self.shape) if index else whole))
+        for _, want in self.devices:
+            box = _chunk_box(want, self.shape, self.chunks)
+            if box in self.reads:
+                continue
+            buf = aligned_empty(tuple(b - a for a, b in box), dtype)
+            read = _Read(self, box, buf)
+            dst = ts.array(buf, copy=False, write=True)
+            read.future = dst.write(store[self._slices(box)])
+            read.future.add_done_callback(functools.partial(_call, on_done, read))
+            self.reads[box] = read
+            self.nbytes += buf.nbytes
+        return len(self.reads)
+
+    def _verify(self, read: _Read) -> None:
+        """Check every chunk of ``read`` against its recorded checksum."""
+        recorded = self.recorded
+        if recorded is None:  # the step was saved without checksums
+            return
+        for glob, local in chunk_regions(self._slices(read.box), self.shape, self.chunks):
+            key = chunk_key(glob, self.chunks)
+            rec = recorded.get(key)
+            if rec is None:
+                raise self._damaged(f"chunk {key} has no recorded checksum", key)
+            algorithm, expected = rec
+            # A zero-copy view when the chunk spans the buffer's trailing dimensions
+            # (always, with the save's own sharding); a copy otherwise.
+            got = _checksum.checksum(read.buf[local], algorithm)
+            if got != expected:
+                raise self._damaged(
+                    f"chunk {key} does not match its checksum ({algorithm} recorded "
+                    f"{expected:08x}, read {got:08x})",
+                    key,
+                )
+
+    def check(self, read: _Read) -> None:
+        """Raise if a finished read failed, or if a chunk in it fails its checksum."""
+        try:
+            read.future.result()
+        except ValueError as e:
+            raise self._read_failed(e, read.box) from None
+        self._verify(read)
+
+    def place(self, read: _Read) -> None:
+        """Put what each device needs of a checked read on that device."""
+        for i, (device, want) in enumerate(self.devices):
+            if _chunk_box(want, self.shape, self.chunks) != read.box:
+                continue
+            host = read.buf
+            if want != read.box:  # the target cuts chunks: copy its part out
+                part = host[
+                    tuple(
+                        slice(a - o, b - o) for (a, b), (o, _) in zip(want, read.box, strict=True)
+                    )
+                ]
+                host = aligned_empty(part.shape, part.dtype)
+                host[...] = part
+            if self.dtype is not None and host.dtype != self.dtype:
+                host = host.astype(self.dtype)
+            self.placed[i] = host if device is None else jax.device_put(host, device)
 
     def result(self) -> Any:
+        """Return the restored leaf: a Python number, a host array or a jax array."""
         meta = self.meta
         if meta["kind"] == "scalar":
             value = meta["value"]
@@ -132,44 +305,147 @@ class _Pending:
                 return complex(value[0], value[1])
             return {"bool": bool, "int": int, "float": float}.get(py_type or "", lambda v: v)(value)
         if self.sharding is None:
-            host = self.futures[()].result()
-            if self.dtype is not None:
-                host = host.astype(self.dtype, copy=False)
-            return host
-        bufs = []
-        for device, key in self.devices:
-            host, done = self.futures[key]
-            done.result()
-            if self.dtype is not None and host.dtype != np.dtype(self.dtype):
-                host = host.astype(self.dtype)
-            bufs.append(jax.device_put(host, device))
+            return self.placed[0]
+        bufs = [self.placed[i] for i in range(len(self.devices))]
         return jax.make_array_from_single_device_arrays(self.shape, self.sharding, bufs)
 
 
-def restore_step(directory: Path, target: Any, journal: JournalWriter | None = None) -> Any:
-    """Restore the complete step in ``directory`` (see ``AsyncCheckpointer.restore``)."""
+def _read_all(leaves: list[_Leaf], *, verify: bool) -> None:
+    """Issue every leaf's reads, check each as it completes, and place it on its devices.
+
+    The checks run on a few threads (the CRC releases the GIL), so that on a host with
+    cores to spare they keep up with the reads however fast the storage is; the main
+    thread places each read on its devices as soon as it is checked.
+    """
+    #: (a completed read, None) or (a checked read, its check's future).
+    events: queue.SimpleQueue[tuple[_Read, Future[None] | None]] = queue.SimpleQueue()
+    remaining = sum(leaf.issue(lambda r: events.put((r, None))) for leaf in leaves)
+    pool = None
+    if verify and remaining > 1:
+        pool = ThreadPoolExecutor(_VERIFY_THREADS, thread_name_prefix="nbckpt-verify")
+    try:
+        while remaining:
+            read, checked = events.get()
+            if checked is None and pool is not None:
+                checking = pool.submit(read.leaf.check, read)
+                checking.add_done_callback(functools.partial(_checked, events, read))
+                continue
+            if checked is None:
+                read.leaf.check(read)
+            else:
+                checked.result()
+            read.leaf.place(read)
+            remaining -= 1
+    finally:
+        if pool is not None:
+            # After a failure the reads and checks still running are of no use.
+            pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _checked(
+    events: queue.SimpleQueue[tuple[_Read, Future[None] | None]], read: _Read, f: Future[None]
+) -> None:
+    events.put((read, f))
+
+
+def _check_dtype(name: str, meta: dict[str, Any], dtype: Any, cast: bool) -> None:
+    """Refuse a target dtype other than the saved one, unless ``cast`` allows it."""
+    if dtype is None or "dtype" not in meta:
+        return
+    try:
+        want = np.dtype(dtype)
+    except TypeError:
+        raise ValueError(
+            f"target leaf {name!r} has dtype {dtype}, which nbckpt cannot restore"
+        ) from None
+    saved = np.dtype(meta["dtype"])
+    if want != saved and not cast:
+        raise ValueError(
+            f"target leaf {name!r} asks for dtype {want}, but it was saved as {saved}; "
+            "pass cast=True to convert it, or give a target of the saved dtype"
+        )
+
+
+def _recorded(directory: Path) -> _checksum.Recorded | None:
+    try:
+        return _checksum.read_checksums(directory)
+    except (OSError, ValueError) as e:
+        raise CorruptCheckpointError(
+            str(directory / CHECKSUMS_DIR), f"its checksums cannot be read: {e}"
+        ) from None
+
+
+def restore_step(
+    directory: Path,
+    target: Any,
+    journal: JournalWriter | None = None,
+    *,
+    cast: bool = False,
+    verify: bool = True,
+) -> Any:
+    """Restore the complete step in ``directory`` (see ``AsyncCheckpointer.restore``).
+
+    Every chunk read is checked against the checksum recorded for it at save time. A
+    step saved without checksums (no ``_CHECKSUMS`` files: none were recorded) is
+    restored without that check; a deleted chunk file fails it all the same.
+
+    Parameters
+    ----------
+    directory
+        The step's directory.
+    target
+        As for ``AsyncCheckpointer.restore``.
+    journal
+        Where to record the read's events, if anywhere.
+    cast
+        Allow a target leaf whose dtype differs from the saved one (its values are
+        converted); without it such a target is refused before anything is read.
+    verify
+        Check the chunks' checksums. Internal: only the benchmark turns it off, to
+        measure what the check costs.
+
+    Raises
+    ------
+    CorruptCheckpointError
+        A chunk does not match its checksum, has none recorded, or is missing or
+        unreadable; or the checksums themselves cannot be read. The message names the
+        leaf, the chunk and its file under ``directory``; nothing is returned.
+    ValueError
+        A target leaf's shape differs from the saved one, or its dtype does and
+        ``cast`` is False.
+    KeyError
+        A target leaf is not in the step.
+    """
     meta = read_metadata(directory)
     if meta is None:
         raise NbckptError(f"cannot read {directory}/_CHECKPOINT_METADATA; run fsck on the root")
     by_name = {m["name"]: m for m in meta["leaves"]}
+    recorded = _recorded(directory) if verify else None
+    if verify and recorded is None and meta.get("checksums"):
+        # The save recorded checksums (its metadata says so): their absence is damage.
+        raise CorruptCheckpointError(
+            str(directory / CHECKSUMS_DIR), "its checksums are missing although the save wrote them"
+        )
+
+    def sums(m: dict[str, Any]) -> dict[str, tuple[str, int]] | None:
+        return None if recorded is None else recorded.get(m["name"], {})
+
     if journal is not None:
-        journal.emit("read_started")
-    pending: list[_Pending] = []
+        journal.emit(Event.READ_STARTED)
+    leaves: list[_Leaf] = []
     if target is None:
         paths: list[tuple[PathEntry, ...]] = []
         for m in meta["leaves"]:
             sharding = default_sharding(m) if m["kind"] == "jax" else None
-            pending.append(_Pending(directory, m, sharding, None))
+            leaves.append(_Leaf(directory, m, sharding, None, sums(m)))
             paths.append(tuple((k, v) for k, v in m["path"]))
-        for p in pending:
-            p.issue()
-        values = [p.result() for p in pending]
-        result = unflatten_paths(list(zip(paths, values, strict=True)))
     else:
         flat, treedef = jax.tree_util.tree_flatten_with_path(target)
         for keys, t in flat:
-            name = leaf_name(tuple(path_entry(k) for k in keys))
-            m = by_name.get(name)
+            path = tuple(path_entry(k) for k in keys)
+            name = leaf_name(path)
+            # Steps saved before names were UTF-8 encoded name non-ASCII keys otherwise.
+            m = by_name.get(name) or by_name.get(legacy_leaf_name(path))
             if m is None:
                 have = ", ".join(sorted(by_name)) or "none"
                 raise KeyError(f"target leaf {name!r} is not in {directory}; saved leaves: {have}")
@@ -179,11 +455,14 @@ def restore_step(directory: Path, target: Any, journal: JournalWriter | None = N
                     f"target leaf {name!r} has shape {tuple(shape)}, saved shape is "
                     f"{tuple(m.get('shape', ()))}"
                 )
-            pending.append(_Pending(directory, m, sharding, dtype))
-        for p in pending:
-            p.issue()
-        values = [p.result() for p in pending]
+            _check_dtype(name, m, dtype, cast)
+            leaves.append(_Leaf(directory, m, sharding, dtype, sums(m)))
+    _read_all(leaves, verify=recorded is not None)
+    values = [leaf.result() for leaf in leaves]
+    if target is None:
+        result = unflatten_paths(list(zip(paths, values, strict=True)))
+    else:
         result = jax.tree_util.tree_unflatten(treedef, values)
     if journal is not None:
-        journal.emit("read_done", bytes=sum(p.nbytes for p in pending))
+        journal.emit(Event.READ_DONE, bytes=sum(leaf.nbytes for leaf in leaves))
     return result

@@ -6,6 +6,7 @@ so processes that write different shards never touch the same file.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Sequence
@@ -20,6 +21,7 @@ __all__ = [
     "context",
     "create_array",
     "create_array_async",
+    "dtype_supported",
     "open_array",
     "open_array_async",
 ]
@@ -96,19 +98,53 @@ def create_array(
     create_array_async(path, shape, dtype, chunks).result()
 
 
-def open_array_async(path: str | os.PathLike[str]) -> ts.Future[ts.TensorStore]:
+def open_array_async(
+    path: str | os.PathLike[str], *, fill_missing: bool = True
+) -> ts.Future[ts.TensorStore]:
     """Start opening an existing zarr array; the future's result is the store.
 
     A restore starts every leaf's open at once: each one reads a ``.zarray`` file,
     which after a cache drop is a disk round trip, and done one after the other
     they add up.
+
+    Parameters
+    ----------
+    path
+        The array's directory.
+    fill_missing
+        What a read of a chunk whose file is absent gives: the fill value (zarr's
+        default), or, when False, a ``NOT_FOUND`` error. Every chunk of a complete
+        nbckpt step exists on disk (they are stored even when equal to the fill
+        value, and have been since the first format), so readers pass False: a
+        deleted chunk file is damage, not zeros.
     """
     spec = _spec(path)
     spec["store_data_equal_to_fill_value"] = True
+    if not fill_missing:
+        spec["fill_missing_data_reads"] = False
     return ts.open(spec, open=True, context=context())
 
 
-def open_array(path: str | os.PathLike[str]) -> ts.TensorStore:
-    """Open an existing zarr array for reading or writing."""
-    store: ts.TensorStore = open_array_async(path).result()
+def open_array(path: str | os.PathLike[str], *, fill_missing: bool = True) -> ts.TensorStore:
+    """Open an existing zarr array for reading or writing (see ``open_array_async``)."""
+    store: ts.TensorStore = open_array_async(path, fill_missing=fill_missing).result()
     return store
+
+
+@functools.cache
+def dtype_supported(dtype: np.dtype[Any]) -> bool:
+    """Tell whether a leaf of ``dtype`` can be stored as an nbckpt zarr array.
+
+    Asked of tensorstore itself, by creating a one-element array of that dtype in
+    memory, once per dtype: its list grows with each release (``int4``, ``float8_*``).
+    """
+    try:
+        spec = {
+            "driver": "zarr",
+            "kvstore": {"driver": "memory"},
+            "metadata": {"shape": [1], "chunks": [1], "compressor": None},
+        }
+        ts.open(spec, create=True, dtype=ts.dtype(np.dtype(dtype).name)).result()
+    except (ValueError, TypeError):
+        return False
+    return True

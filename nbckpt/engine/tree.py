@@ -9,7 +9,21 @@ from typing import Any
 import jax
 import numpy as np
 
-__all__ = ["Leaf", "PathEntry", "flatten", "leaf_name", "path_entry", "unflatten_paths"]
+from nbckpt.engine.storage import dtype_supported
+from nbckpt.layout import CHECKSUMS_DIR, COMMIT_FILE, METADATA_FILE, OWNER_FILE
+
+__all__ = [
+    "NAME_MAX",
+    "RESERVED_NAMES",
+    "Leaf",
+    "PathEntry",
+    "flatten",
+    "leaf_name",
+    "legacy_leaf_name",
+    "path_entry",
+    "path_str",
+    "unflatten_paths",
+]
 
 #: One step of a leaf's path: ``("key", k)`` for a mapping key, ``("index", i)`` for a
 #: sequence position, ``("attr", name)`` for an attribute of a registered node.
@@ -51,13 +65,42 @@ def path_entry(key: Any) -> PathEntry:
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_\-]")
 
+#: The longest file name (one path component) common filesystems accept, in bytes.
+NAME_MAX = 255
+
+#: Names a step directory already uses for its own files (``nbckpt.layout``), lower
+#: case: a leaf by one of these names would overwrite them, or be overwritten.
+RESERVED_NAMES = frozenset(
+    n.lower() for n in (METADATA_FILE, CHECKSUMS_DIR, OWNER_FILE, COMMIT_FILE)
+)
+
+
+def _encode_utf8(m: re.Match[str]) -> str:
+    return "".join(f"%{b:02X}" for b in m.group().encode("utf-8", "surrogatepass"))
+
 
 def leaf_name(path: tuple[PathEntry, ...]) -> str:
     """Return the directory name of a leaf: its path entries joined by ``.``.
 
-    Characters other than letters, digits, ``_`` and ``-`` are percent-encoded (``.``
-    and ``%`` included), so the name is a safe single path component that reads like
-    the tree path, and distinct paths get distinct names.
+    Characters other than ASCII letters, digits, ``_`` and ``-`` are percent-encoded
+    as their UTF-8 bytes (``.``, ``%``, ``/`` and NUL included), as in a URL. So the
+    name is one safe path component of ASCII characters that reads like the tree
+    path: never empty, ``.`` or ``..``, never holding ``/`` or NUL; and distinct
+    sequences of keys get distinct names (an empty key becomes ``%``, which no other
+    key does).
+    """
+    if not path:
+        return "_root"
+    return ".".join(_UNSAFE.sub(_encode_utf8, str(v)) or "%" for _, v in path)
+
+
+def legacy_leaf_name(path: tuple[PathEntry, ...]) -> str:
+    """Return the name :func:`leaf_name` gave before it encoded UTF-8 bytes.
+
+    It encoded each code point's number instead (``"%E9"`` for ``é``, ``"%4E2D"`` for
+    ``中``), which two different keys could share; steps saved then still hold such
+    names, and restore looks a target's leaf up by this name when the other misses.
+    The two differ only for keys with non-ASCII characters.
     """
     if not path:
         return "_root"
@@ -68,41 +111,114 @@ def leaf_name(path: tuple[PathEntry, ...]) -> str:
     return ".".join(parts)
 
 
-def _path_str(path: tuple[PathEntry, ...]) -> str:
+def path_str(path: tuple[PathEntry, ...]) -> str:
+    """Return a leaf's tree path as an error message shows it: ``['opt'][1].mu``."""
     return "".join(f"[{v!r}]" if k != "attr" else f".{v}" for k, v in path) or "<root>"
+
+
+def _leaf_path(keys: tuple[Any, ...]) -> tuple[PathEntry, ...]:
+    """Convert a jax key path, naming the leaf in the error if a key cannot be named."""
+    path: list[PathEntry] = []
+    for key in keys:
+        try:
+            path.append(path_entry(key))
+        except TypeError as e:
+            where = (path_str(tuple(path)) if path else "") + str(key)
+            raise TypeError(f"leaf {where}: {e}") from None
+    return tuple(path)
+
+
+def _kind(value: Any, where: str) -> str:
+    """Return the kind of a leaf, or raise TypeError if nbckpt cannot store it."""
+    if isinstance(value, jax.Array):
+        if jax.numpy.issubdtype(value.dtype, jax.dtypes.extended):
+            raise TypeError(
+                f"leaf {where} is a jax array of dtype {value.dtype} (a PRNG key?); save "
+                "jax.random.key_data(key) instead and rebuild it with "
+                "jax.random.wrap_key_data"
+            )
+        kind = "jax"
+    elif isinstance(value, np.ndarray | np.generic):
+        if value.dtype.hasobject or value.dtype.kind in "USV":
+            raise TypeError(
+                f"leaf {where} has dtype {value.dtype}; nbckpt saves numeric and bool arrays only"
+            )
+        kind = "numpy"
+    elif isinstance(value, _SCALARS):
+        return "scalar"
+    else:
+        raise TypeError(
+            f"leaf {where} is a {type(value).__name__}; nbckpt saves jax.Array, numpy "
+            "arrays and Python numbers (convert it, or leave it out of the tree)"
+        )
+    if not dtype_supported(np.dtype(value.dtype)):
+        raise TypeError(
+            f"leaf {where} has dtype {value.dtype}, which a zarr array cannot hold; "
+            "convert it (for example to an integer count) before saving"
+        )
+    return kind
 
 
 def flatten(tree: Any) -> list[Leaf]:
     """Flatten ``tree`` into classified, uniquely named leaves.
 
+    Everything that would make the save fail later, or lose a leaf, is refused here,
+    before anything is written. Every refusal names the leaf's tree path. Keys that
+    are empty, ``.`` or ``..``, or hold ``/`` or NUL are not refused: :func:`leaf_name`
+    percent-encodes them into safe names that no other key gets.
+
     Raises
     ------
     TypeError
-        If a leaf is not a ``jax.Array``, NumPy array or scalar, or a Python number;
-        the message names the leaf's tree path.
+        If a leaf is not a ``jax.Array``, NumPy array or scalar, or a Python number,
+        or has a dtype a zarr array cannot hold (strings, objects, datetimes, PRNG
+        keys), or a dict key is not a str or int.
+    ValueError
+        If the tree cannot be flattened (a dict mixes key types), if a leaf's on-disk
+        name is longer than :data:`NAME_MAX` bytes or is one the step directory uses
+        itself (``_CHECKPOINT_METADATA``, ...), or if two leaves get names that differ
+        at most in letter case: they would be one directory on a case-insensitive
+        filesystem (macOS, Windows, SMB shares), or once the step is copied to one,
+        and one leaf would silently replace the other.
     """
-    flat, _ = jax.tree_util.tree_flatten_with_path(tree)
+    try:
+        flat, _ = jax.tree_util.tree_flatten_with_path(tree)
+    except (TypeError, ValueError) as e:
+        # jax says only "Comparator raised exception while sorting pytree dictionary keys".
+        raise ValueError(
+            f"cannot flatten the tree ({e}); does a dict mix key types, such as 1 and '1'?"
+        ) from e
     leaves: list[Leaf] = []
+    seen: dict[str, str] = {}  # lower-cased name -> tree path of the leaf that has it
     for keys, value in flat:
-        path = tuple(path_entry(k) for k in keys)
-        where = _path_str(path)
-        if isinstance(value, jax.Array):
-            kind = "jax"
-        elif isinstance(value, np.ndarray | np.generic):
-            if value.dtype.hasobject or value.dtype.kind in "USV":
-                raise TypeError(
-                    f"leaf {where} has dtype {value.dtype}; nbckpt saves numeric and bool "
-                    "arrays only"
-                )
-            kind = "numpy"
-        elif isinstance(value, _SCALARS):
-            kind = "scalar"
-        else:
-            raise TypeError(
-                f"leaf {where} is a {type(value).__name__}; nbckpt saves jax.Array, numpy "
-                "arrays and Python numbers (convert it, or leave it out of the tree)"
+        path = _leaf_path(keys)
+        where = path_str(path)
+        kind = _kind(value, where)
+        name = leaf_name(path)
+        size = len(name)  # ASCII: characters are bytes
+        if size > NAME_MAX:
+            short = where if len(where) <= 100 else where[:97] + "..."
+            raise ValueError(
+                f"leaf {short} would be stored under a name of {size} bytes (its keys "
+                f"joined by '.', non-ASCII characters and punctuation percent-encoded), "
+                f"over the {NAME_MAX}-byte limit of a file name; shorten its keys or nest "
+                "the tree less deeply"
             )
-        leaves.append(Leaf(name=leaf_name(path), path=path, kind=kind, value=value))
+        folded = name.lower()
+        if folded in RESERVED_NAMES:
+            raise ValueError(
+                f"leaf {where} would be stored as {name!r}, a name the step directory uses "
+                "for its own records; rename that key"
+            )
+        other = seen.get(folded)
+        if other is not None:
+            same = "the same name" if other == where else "names that differ only in case"
+            raise ValueError(
+                f"leaves {other} and {where} would be stored under {same} ({name!r}): "
+                "one would replace the other on a case-insensitive filesystem; rename one"
+            )
+        seen[folded] = where
+        leaves.append(Leaf(name=name, path=path, kind=kind, value=value))
     return leaves
 
 

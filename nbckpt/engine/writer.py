@@ -5,18 +5,18 @@ from __future__ import annotations
 import itertools
 import math
 import time
-import zlib
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from nbckpt import checksum as _checksum
 from nbckpt.engine import hooks
 from nbckpt.engine.snapshot import Snapshot
 from nbckpt.engine.storage import create_array_async, open_array
 
-__all__ = ["chunk_crc32", "chunk_key", "chunk_regions", "create_arrays", "write_shards"]
+__all__ = ["chunk_key", "chunk_regions", "create_arrays", "write_shards"]
 
 
 def create_arrays(directory: Path, snap: Snapshot) -> None:
@@ -41,12 +41,6 @@ def chunk_key(region: tuple[slice, ...], chunks: Sequence[int]) -> str:
     if not region:
         return "0"
     return ".".join(str(sl.start // max(1, c)) for sl, c in zip(region, chunks, strict=True))
-
-
-def chunk_crc32(data: np.ndarray) -> int:
-    """CRC-32 of an array's bytes in C order (what fsck --verify recomputes)."""
-    flat = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
-    return zlib.crc32(flat.data)
 
 
 def chunk_regions(
@@ -92,7 +86,7 @@ def write_shards(
     progress_interval_s: float = 0.2,
     watch: Callable[[], None] | None = None,
     watch_interval_s: float = 0.5,
-    checksums: dict[str, dict[str, int]] | None = None,
+    checksums: dict[str, Any] | None = None,
 ) -> int:
     """Write this process's shards into the arrays under ``directory``.
 
@@ -100,8 +94,11 @@ def write_shards(
     only once its file is fsync'd. ``progress`` receives the bytes committed so far, at
     most every ``progress_interval_s`` seconds and once at the end. ``watch`` runs
     every ``watch_interval_s`` seconds while writes are pending; it raises to abort
-    (a dead or failed peer). ``checksums``, if given, receives the CRC-32 of every
-    chunk written, by leaf and zarr chunk key (``"0.3"``), for fsck to verify later.
+    (a dead or failed peer). ``checksums``, if given, receives the checksum of every
+    chunk written, by leaf and zarr chunk key (``"0.3"``), and under
+    ``nbckpt.checksum.ALGORITHM_KEY`` the name of the algorithm, so that it is the
+    complete content of a checksums file (see :mod:`nbckpt.checksum`); restore and
+    fsck verify against it.
 
     Returns
     -------
@@ -112,6 +109,9 @@ def write_shards(
     shapes_of = {m["name"]: m["shape"] for m in snap.leaves if m["kind"] != "scalar"}
     stores: dict[str, Any] = {}
     pending: list[tuple[Any, int]] = []
+    algorithm = _checksum.default_algorithm()
+    if checksums is not None:
+        checksums[_checksum.ALGORITHM_KEY] = algorithm
     for w in snap.writes:
         store = stores.get(w.leaf)
         if store is None:
@@ -123,9 +123,10 @@ def write_shards(
             fut = store[glob].write(part, can_reference_source_data_indefinitely=True)
             pending.append((fut, math.prod(part.shape) * itemsize))
             if checksums is not None:
-                # Computed while tensorstore's threads write the chunk (crc32 drops the GIL).
+                # Computed while tensorstore's threads write the chunk; neither CRC
+                # holds the GIL while it runs.
                 key = chunk_key(glob, chunks_of[w.leaf])
-                checksums.setdefault(w.leaf, {})[key] = chunk_crc32(part)
+                checksums.setdefault(w.leaf, {})[key] = _checksum.checksum(part, algorithm)
     written = 0
     last = time.monotonic()
     t_prev = time.monotonic()
