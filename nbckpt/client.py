@@ -1,37 +1,41 @@
-"""The notebook-side API that the magics call: save, restore, barrier, wait, status, ls.
+"""The notebook-side API that the magics call: save, restore, barrier, wait, status, fault.
 
 Every call runs on all engines of a :class:`~nbckpt.cluster.JaxCluster`. ``save``
 returns a :class:`SaveHandle` as soon as the engines have taken their snapshot; the
 commit goes on in the engines' background threads, and the handle follows it through
-the journal. Nothing here imports jax.
+the journal. Nothing here imports jax or :mod:`nbckpt.engine`: engine functions are
+named (``"nbckpt.engine.agent:save_var"``) and imported on the engines.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nbckpt.cluster import (
-    ENGINE_DIED,
-    ClusterError,
-    ClusterGoneError,
-    JaxCluster,
-    errors_by_process,
+from nbckpt.cluster import AGENT, ENGINE_DIED, JaxCluster, engine_errors, errors_by_process, remote
+from nbckpt.errors import ClusterGoneError, SaveFailedError, by_process, who
+from nbckpt.journal import OperationRecord, ProcessRecord, list_operations, read_operation
+from nbckpt.layout import Mode, is_complete, ops_dir, read_metadata, step_dir
+from nbckpt.protocol import (
+    DEFAULT_BARRIER_TIMEOUT_S,
+    DEFAULT_SAVE_TIMEOUT_S,
+    Cause,
+    Event,
+    Status,
+    check_timeout,
 )
-from nbckpt.inventory import classify
-from nbckpt.journal import OperationRecord, read_operation
-from nbckpt.layout import Mode, is_complete, step_dir
 
-__all__ = ["BarrierReport", "CheckpointClient", "SaveFailedError", "SaveHandle", "list_steps"]
-
-
-class SaveFailedError(ClusterError):
-    """A save failed on one or more processes; nothing was committed for its step."""
+__all__ = [
+    "BarrierReport",
+    "CheckpointClient",
+    "SaveFailedError",
+    "SaveHandle",
+    "resolve_operation",
+]
 
 
 def _call_key() -> str:
@@ -50,40 +54,22 @@ def _interactive(fn: Any) -> Any:
     return ipp.interactive(fn)
 
 
-def _engine_save(
-    var: str,
-    step: int,
-    root: str,
-    mode: Mode,
-    force: bool,
-    timeout_s: float,
-    acknowledged: tuple[str, ...],
-    key: str,
-) -> dict[str, Any]:
-    ns = globals()
-    if var not in ns:
-        raise NameError(f"name {var!r} is not defined on this engine; build it with %%px first")
-    from nbckpt.engine import agent
+def _in_namespace(ref: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Engine-side: call ``module:function`` with the engine's namespace first.
 
-    return agent.save(
-        ns[var],
-        step,
-        root,
-        mode=mode,
-        force=force,
-        timeout_s=timeout_s,
-        acknowledged=acknowledged,
-        key=key,
-    )
+    Sent through :func:`_interactive`, so ``globals()`` is the namespace ``%px`` code
+    runs in. Arguments come as a tuple and a dict so that none of their names can
+    clash with those of :meth:`JaxCluster.apply_each` (``timeout_s``).
+    """
+    import importlib
+
+    module, _, name = ref.partition(":")
+    return getattr(importlib.import_module(module), name)(globals(), *args, **kwargs)
 
 
-def _engine_restore(var: str, root: str, step: int | None, key: str) -> dict[str, Any]:
-    ns = globals()
-    from nbckpt.engine import agent
-
-    tree, info = agent.restore(root, step, ns.get(var), key=key)
-    ns[var] = tree
-    return info
+def _timeout(value: float | None, what: str = "timeout_s") -> float | None:
+    """Check a timeout before anything is sent; None stays None (no limit)."""
+    return None if value is None else check_timeout(value, what)
 
 
 @dataclass
@@ -130,23 +116,24 @@ class SaveHandle:
         TimeoutError
             If ``timeout_s`` passes first (the save goes on).
         """
+        timeout_s = _timeout(timeout_s)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         dead_since: float | None = None
         while True:
             rec = self.record()
-            if rec.status == "failed":
+            if rec.status == Status.FAILED:
                 # Give the other processes a moment to journal their own outcome, so
                 # the error names every process that failed, not just the fastest.
                 settle = time.monotonic() + 2.0
                 while time.monotonic() < settle and any(
-                    r.status == "running" for r in rec.processes.values()
+                    r.status == Status.RUNNING for r in rec.processes.values()
                 ):
                     time.sleep(poll_s)
                     rec = self.record()
                 self.client._acknowledge(self.op)
                 self.reported = True
                 raise _failure(rec, self.root)
-            if rec.status != "running":
+            if rec.status != Status.RUNNING:
                 self.reported = True
                 return rec
             dead = self.client.cluster.dead_processes()
@@ -170,47 +157,55 @@ class SaveHandle:
         return f"<SaveHandle step {self.step} -> {self.root} ({self.op}): {self.status()}>"
 
 
-_CONSEQUENCE = re.compile(r"^process(es)? [\d, ]+ (failed|died)")
+def _failed_event(proc: ProcessRecord) -> dict[str, Any]:
+    """The last ``failed`` event a process journaled (empty if none), as the reader's."""
+    return next((e for e in reversed(proc.events) if e.get("event") == Event.FAILED), {})
 
 
 def _failure(rec: OperationRecord, root: str) -> SaveFailedError:
-    """One error for a failed save, led by its causes rather than by who gave up."""
-    errors = {p: r.error or "failed" for p, r in rec.processes.items() if r.status == "failed"}
+    """One error for a failed save, led by its causes rather than by who gave up.
 
-    def failed_at(p: int) -> float:
-        times = [
-            float(e.get("t", 0.0)) for e in rec.processes[p].events if e.get("event") == "failed"
-        ]
-        return min(times, default=float("inf"))
-
-    # A process whose error only reports a peer's failure or death gave up; the others
-    # failed on their own. If all of them only report (a peer died), the first speaks.
-    causes = [p for p in errors if not _CONSEQUENCE.match(errors[p])]
+    Each ``failed`` event says, as data, whether its process failed on its own
+    (``cause`` ``error``) or gave up because of another (``culprit``); an event
+    without a cause, from a journal older than that field, counts as its own error.
+    """
+    failed = {p: r for p, r in rec.processes.items() if r.status == Status.FAILED}
+    events = {p: _failed_event(r) for p, r in failed.items()}
+    errors = {p: r.error or "failed" for p, r in failed.items()}
+    causes = {p: errors[p] for p in failed if events[p].get("cause", Cause.ERROR) == Cause.ERROR}
     if not causes:
-        causes = [min(errors, key=failed_at)]
-    by_text: dict[str, list[int]] = {}
-    for p in sorted(causes):
-        by_text.setdefault(errors[p], []).append(p)
-    what = "; ".join(
-        f"{'process' if len(ps) == 1 else 'processes'} {', '.join(map(str, ps))}: {text}"
-        for text, ps in by_text.items()
-    )
+        # Every process gave up because of one that journaled nothing (it died, or
+        # never arrived); the first to notice says what happened to it.
+        first = min(failed, key=lambda p: float(events[p].get("t", float("inf"))))
+        causes = {first: errors[first]}
     others = sorted(set(errors) - set(causes))
-    then = (
-        f" (then {'process' if len(others) == 1 else 'processes'} "
-        f"{', '.join(map(str, others))} gave up)"
-        if others
-        else ""
-    )
-    committed = rec.step is not None and is_complete(step_dir(root, rec.step))
-    outcome = (
-        "the step had been committed before the failure and is complete on disk"
-        if committed
-        else "nothing was committed for this step"
-    )
+    then = f" (then {who(others)} gave up)" if others else ""
     return SaveFailedError(
-        f"save of step {rec.step} ({rec.op}) failed on {what}{then}; {outcome}", sorted(errors)
+        f"save of step {rec.step} ({rec.op}) failed on {by_process(causes)}{then}; "
+        f"{_outcome(rec, root, list(events.values()))}",
+        sorted(errors),
     )
+
+
+def _outcome(rec: OperationRecord, root: str, failed: list[dict[str, Any]]) -> str:
+    """What a failed save left of its step on disk, in words."""
+    if rec.step is None:
+        return "nothing was committed"
+    path = step_dir(root, rec.step)
+    complete = is_complete(path)
+    if complete:
+        meta = read_metadata(path) or {}
+        finalized = any(
+            e.get("event") == Event.FINALIZED for r in rec.processes.values() for e in r.events
+        )
+        if meta.get("op") == rec.op or finalized or any(e.get("committed") for e in failed):
+            return "the step had been committed before the failure and is complete on disk"
+    # A forced re-save that failed keeps the step committed before it. Journals older
+    # than ``previous_kept`` do not say so, but a complete step that this save did not
+    # commit can only be that one.
+    if complete or any(e.get("previous_kept") for e in failed):
+        return f"the previously committed step {rec.step} is untouched"
+    return "nothing was committed for this step"
 
 
 @dataclass
@@ -281,30 +276,35 @@ class CheckpointClient:
         directory: str | os.PathLike[str] | None = None,
         mode: Mode = "rename",
         force: bool = False,
-        timeout_s: float = 300.0,
+        timeout_s: float = DEFAULT_SAVE_TIMEOUT_S,
     ) -> SaveHandle:
         """Start saving the engines' variable ``var`` as ``step``; return at once.
 
         Raises
         ------
+        ValueError
+            If ``timeout_s`` is not a positive number of seconds (nothing is sent).
         ClusterError
             If an engine refused (unknown variable, existing step, unwritable root,
             unsupported leaf, or the previous save's failure); it names the processes.
         """
+        timeout_s = check_timeout(timeout_s, "timeout_s")
+        self.cluster.check_alive()  # a dead engine: one clear line, before anything is sent
         root = self.root(directory)
         acknowledged = tuple(sorted(self._acknowledged))
         # The engines' own deadline (timeout_s) bounds their blocking part; the margin
         # lets their error, rather than a client timeout, come back.
         outcomes = self.cluster.apply_each(
-            _interactive(_engine_save),
-            var,
-            step,
-            root,
-            mode,
-            force,
-            timeout_s,
-            acknowledged,
-            _call_key(),
+            _interactive(_in_namespace),
+            f"{AGENT}:save_var",
+            (var, step, root),
+            {
+                "mode": mode,
+                "force": force,
+                "timeout_s": timeout_s,
+                "acknowledged": acknowledged,
+                "key": _call_key(),
+            },
             timeout_s=timeout_s + 60,
         )
         errors = {rank: res for rank, (ok, res) in enumerate(outcomes) if not ok}
@@ -323,10 +323,6 @@ class CheckpointClient:
         self.handles.append(handle)
         return handle
 
-    def pending(self) -> list[SaveHandle]:
-        """The saves that have not committed or failed yet."""
-        return [h for h in self.handles if not h.done()]
-
     def wait(self, timeout_s: float | None = None) -> list[OperationRecord]:
         """Wait for every save not reported yet; return their records.
 
@@ -335,9 +331,12 @@ class CheckpointClient:
 
         Raises
         ------
+        ValueError
+            If ``timeout_s`` is given and not a positive number of seconds.
         SaveFailedError
             For the first save that failed (after waiting for all of them).
         """
+        timeout_s = _timeout(timeout_s)
         records, first_error = [], None
         for handle in [h for h in self.handles if not h.reported]:
             try:
@@ -349,21 +348,34 @@ class CheckpointClient:
         return records
 
     def restore(
-        self, var: str, step: int | None = None, *, directory: str | os.PathLike[str] | None = None
+        self,
+        var: str,
+        step: int | None = None,
+        *,
+        directory: str | os.PathLike[str] | None = None,
+        timeout_s: float = DEFAULT_SAVE_TIMEOUT_S,
     ) -> list[dict[str, Any]]:
         """Restore ``step`` (None: latest) into the engines' variable ``var``.
 
         If ``var`` already holds a tree on the engines, its jax arrays' shardings (the
-        current mesh) are the target; otherwise the saved layout is used.
+        current mesh) are the target; otherwise the saved layout is used. ``timeout_s``
+        is the engines' deadline for each of their waits on one another.
+
+        Raises
+        ------
+        ValueError
+            If ``timeout_s`` is not a positive number of seconds (nothing is sent).
         """
+        timeout_s = check_timeout(timeout_s, "timeout_s")
+        self.cluster.check_alive()  # a dead engine: one clear line, before anything is sent
         root = self.root(directory)
-        # A large restore may take long; the engines' barriers carry the deadlines.
+        # Reading a large step may take long, so the client sets no deadline of its
+        # own: the engines' waits carry theirs, and a dead engine answers at once.
         return self.cluster.apply(
-            _interactive(_engine_restore),
-            var,
-            root,
-            step,
-            _call_key(),
+            _interactive(_in_namespace),
+            f"{AGENT}:restore_var",
+            (var, root, step),
+            {"key": _call_key(), "timeout_s": timeout_s},
             what=f"restore of {var!r}",
             timeout_s=None,
         )
@@ -372,7 +384,7 @@ class CheckpointClient:
         self,
         name: str,
         *,
-        timeout_s: float = 60.0,
+        timeout_s: float = DEFAULT_BARRIER_TIMEOUT_S,
         processes: list[int] | None = None,
         key: str | None = None,
     ) -> BarrierReport:
@@ -381,23 +393,31 @@ class CheckpointClient:
         ``key`` (default: a fresh one) makes the use unique; with a default directory
         the barrier is journaled as ``<time>-barrier-<key>-<name>``, so a caller that
         picks the key can follow it while it waits.
-        """
-        from nbckpt.engine import agent
 
+        Raises
+        ------
+        ValueError
+            If ``timeout_s`` is not a positive number of seconds, or ``processes`` is
+            empty or names a process this cluster does not have (nothing is sent).
+        """
+        import ipyparallel as ipp
+
+        timeout_s = check_timeout(timeout_s, "timeout_s")
         n = len(self.cluster.engine_ids)
         if processes is not None:
+            if not processes:
+                raise ValueError("processes is empty: name at least one process, or none for all")
             bad = [p for p in processes if not 0 <= p < n]
             if bad:
                 raise ValueError(f"no process {bad[0]}: this cluster has processes 0..{n - 1}")
             targets = [self.cluster.engine_ids[p] for p in processes]
         else:
             targets = self.cluster.engine_ids
-        import ipyparallel as ipp
-
+        self.cluster.check_alive()  # a dead engine: one clear line, before anything is sent
         view = self.cluster.client.direct_view(targets=targets)
         try:
             results = view.apply_async(
-                agent.barrier,
+                remote(f"{AGENT}:barrier"),
                 name,
                 timeout_s=timeout_s,
                 processes=processes,
@@ -405,8 +425,6 @@ class CheckpointClient:
                 key=key or _call_key(),
             ).get(timeout=timeout_s + 30)
         except (ipp.error.RemoteError, ipp.error.CompositeError) as e:
-            from nbckpt.cluster import engine_errors
-
             raise engine_errors(e, self.cluster.ranks, f"barrier {name!r}") from None
         return BarrierReport(
             name=name,
@@ -432,25 +450,22 @@ class CheckpointClient:
         """
         import ipyparallel as ipp
 
-        from nbckpt.engine import agent
-
+        fault = remote(f"{AGENT}:fault")
         n = len(self.cluster.engine_ids)
         if kind in ("list", "clear"):
-            res = self.cluster.apply(agent.fault, kind, what=f"fault {kind}", timeout_s=30)
+            res = self.cluster.apply(fault, kind, what=f"fault {kind}", timeout_s=30)
             return dict(enumerate(res))
         if process is None or not 0 <= process < n:
             raise ValueError(f"--process must be one of 0..{n - 1}, got {process}")
         self.cluster.check_alive()
         engine = self.cluster.client[self.cluster.engine_ids[process]]
-        ar = engine.apply_async(agent.fault, kind, at=at, seconds=seconds, factor=factor)
+        ar = engine.apply_async(fault, kind, at=at, seconds=seconds, factor=factor)
         try:
             armed = ar.get(timeout=30)
         except (ipp.error.EngineError, ipp.error.RemoteError) as e:
             died = isinstance(e, ipp.error.EngineError) or getattr(e, "ename", "") == "EngineError"
             if kind == "kill" and at is None and died:
                 return {process: ["killed"]}  # the answer we asked for
-            from nbckpt.cluster import engine_errors
-
             raise engine_errors(e, self.cluster.ranks, f"fault {kind}") from None
         return {process: list(armed)}
 
@@ -460,12 +475,10 @@ class CheckpointClient:
         alive = [p for p, h in health.items() if h == "alive"]
         engines = []
         if alive and 0 in alive:
-            from nbckpt.engine import agent
-
             view = self.cluster.client.direct_view(
                 targets=[self.cluster.engine_ids[p] for p in alive]
             )
-            engines = list(view.apply_async(agent.status).get(timeout=30))
+            engines = list(view.apply_async(remote(f"{AGENT}:status")).get(timeout=30))
         return {
             "health": health,
             "engines": engines,
@@ -476,23 +489,53 @@ class CheckpointClient:
             "directory": self.directory,
         }
 
-    def ls(self, directory: str | os.PathLike[str] | None = None) -> list[dict[str, Any]]:
-        """The steps under a root (default: this client's directory); see :func:`list_steps`."""
-        return list_steps(self.root(directory))
 
+def resolve_operation(
+    op: str | None, directory: str | None, client: CheckpointClient | None
+) -> tuple[str, str]:
+    """Find one journaled operation: return its ``(root, op)``.
 
-def list_steps(root: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """List every entry of a root with its state (see :mod:`nbckpt.inventory`).
+    Parameters
+    ----------
+    op
+        An operation id, or the path of its journal folder ``<root>/.nbckpt/ops/<op>``
+        (which names its root too). None: ``client``'s last save, else the newest
+        operation in the directory.
+    directory
+        The checkpoint root (default: ``client``'s directory).
+    client
+        The session's client, if a cluster was started.
 
     Raises
     ------
-    FileNotFoundError
-        If ``root`` is not a directory.
+    ValueError
+        If no directory is known, it holds no operation, or it has no ``op`` (the
+        message lists the latest three).
     """
-    path = Path(root).absolute()
-    if not path.is_dir():
-        raise FileNotFoundError(f"no directory {path}; check the path, or save there first")
-    return [
-        {"step": e.step, "state": e.state, "path": str(path / e.path), "reason": e.reason}
-        for e in classify(path)
-    ]
+    if op is not None and Path(op).is_dir() and Path(op).parent.name == "ops":
+        folder = Path(op).absolute()
+        return str(folder.parents[2]), folder.name
+    if directory is not None:
+        root = os.path.abspath(directory)
+    elif op is None and client is not None and client.handles:
+        return client.handles[-1].root, client.handles[-1].op
+    elif client is not None and client.directory is not None:
+        root = client.directory
+    else:
+        raise ValueError("which checkpoint directory? pass --dir D (or start the cluster)")
+    known = list_operations(root)
+    if op is None:
+        if not known:
+            raise ValueError(f"no journaled operations in {root}")
+        op = known[-1]
+    # An op is a folder name: nothing that could lead out of the journal's folder.
+    if (
+        op in (".", "..")
+        or "/" in op
+        or "\\" in op
+        or "\0" in op
+        or not (ops_dir(root) / op).is_dir()
+    ):
+        latest = ", ".join(known[-3:]) or "none"
+        raise ValueError(f"no operation {op!r} in {root}; latest: {latest}")
+    return root, op

@@ -1,47 +1,61 @@
 """Start, attach to and stop an ipyparallel cluster whose engines form one JAX job.
 
 Every engine is one JAX process. Its rank is its position among the engine ids, and
-process 0 hosts the coordination service. The notebook never imports jax: everything
-JAX runs on the engines through ``nbckpt.engine.agent``.
+process 0 hosts the coordination service. The notebook never imports jax, nor any of
+``nbckpt.engine``: engine functions are sent by name (:func:`remote`) and imported on
+the engines, as :mod:`nbckpt.procgroup` does for its workers.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from nbckpt.errors import NbckptError
+from nbckpt.errors import ClusterError, ClusterGoneError, by_process, who
 
 __all__ = [
+    "AGENT",
     "ENGINE_DIED",
+    "PROCESS",
     "ClusterError",
     "ClusterGoneError",
     "JaxCluster",
+    "call",
     "engine_errors",
     "errors_by_process",
+    "remote",
 ]
 
-
-class ClusterError(NbckptError):
-    """Something went wrong on one or more engines; the message names the processes."""
-
-    def __init__(self, message: str, processes: list[int] | None = None) -> None:
-        self.processes = processes or []
-        super().__init__(message)
+#: The engine-side modules the notebook calls into, by name only.
+AGENT = "nbckpt.engine.agent"
+PROCESS = "nbckpt.engine.process"
 
 
-class ClusterGoneError(ClusterError):
-    """Process 0 died, and with it the coordination service and every JAX process."""
+def call(ref: str, *args: Any, **kwargs: Any) -> Any:
+    """Import ``module:function`` here and call it; meant to run on an engine.
 
-    def __init__(self) -> None:
-        super().__init__(
-            "the JAX cluster is gone: process 0, which hosts the coordination service, "
-            "died and every JAX process ended with it; run %ckpt_cluster restart, then "
-            "%ckpt_restore VAR to resume from the latest complete step",
-            [0],
-        )
+    Parameters
+    ----------
+    ref
+        ``"package.module:function"``, importable where this runs.
+    """
+    module, _, name = ref.partition(":")
+    return getattr(importlib.import_module(module), name)(*args, **kwargs)
+
+
+def remote(ref: str) -> Callable[..., Any]:
+    """Return a callable to send to engines that runs ``module:function`` there.
+
+    Sending the function object itself would import its module, and with it jax and
+    tensorstore, into the notebook's kernel; this sends only its name. ipyparallel
+    pickles :func:`call` by reference to this module, which needs no jax.
+    """
+    return functools.partial(call, ref)
 
 
 def _short(text: str) -> str:
@@ -69,21 +83,8 @@ def errors_by_process(what: str, errors: dict[int, str]) -> ClusterError:
 
     ``-1`` stands for an engine that could not be matched to a process.
     """
-    by_text: dict[str, list[int]] = {}
-    for rank, text in sorted(errors.items()):
-        by_text.setdefault(text, []).append(rank)
-    parts = []
-    for text, rs in by_text.items():
-        known = [r for r in rs if r >= 0]
-        if len(known) == 1:
-            who = f"process {known[0]}"
-        elif known:
-            who = "processes " + ", ".join(map(str, known))
-        else:
-            who = "an engine"
-        parts.append(f"{who}: {text}")
     procs = sorted(r for r in errors if r >= 0)
-    return ClusterError(f"{what} failed on " + "; ".join(parts), procs)
+    return ClusterError(f"{what} failed on {by_process(errors)}", procs)
 
 
 def engine_errors(exc: BaseException, ranks: dict[int, int], what: str) -> ClusterError:
@@ -142,6 +143,8 @@ class JaxCluster:
     engine_ids: list[int] = field(default_factory=list)
     coordinator: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    _view: Any = field(default=None, init=False, repr=False)
+    _px_active: bool = field(default=False, init=False, repr=False)
 
     @property
     def ranks(self) -> dict[int, int]:
@@ -150,8 +153,29 @@ class JaxCluster:
 
     @property
     def view(self) -> Any:
-        """A blocking-off DirectView on every engine, in rank order."""
-        return self.client.direct_view(targets=self.engine_ids)
+        """The DirectView on every engine, in rank order; the one ``%px`` uses.
+
+        It is one object for as long as the engines stay the same: settings made on
+        it (``block``) hold for the next use, which a fresh view per access would lose.
+        """
+        view = self._view
+        if view is None or view.client is not self.client or view.targets != self.engine_ids:
+            view = self._view = self.client.direct_view(targets=list(self.engine_ids))
+        return view
+
+    def activate_px(self) -> Any:
+        """Make ``%px`` / ``%%px`` run on every engine, blocking; return that view.
+
+        Blocking matters: the cell then waits for the engines, shows their output and
+        raises their errors. A non-blocking ``%px`` returns at once, so an error on the
+        engines goes unseen and the next cell runs on state that is not there.
+        :meth:`restart` does it again on the new engines if it was done before.
+        """
+        view = self.view
+        view.block = True
+        view.activate()
+        self._px_active = True
+        return view
 
     def start(self, timeout_s: float = 120.0) -> JaxCluster:
         """Start the controller and ``n`` engines, then join them into one JAX job.
@@ -218,15 +242,23 @@ class JaxCluster:
         return self
 
     def apply_each(
-        self, fn: Any, *args: Any, timeout_s: float | None = 120.0, **kwargs: Any
+        self,
+        fn: str | Callable[..., Any],
+        *args: Any,
+        timeout_s: float | None = 120.0,
+        **kwargs: Any,
     ) -> list[tuple[bool, Any]]:
         """Run ``fn`` on every engine; per process, ``(True, result)`` or ``(False, text)``.
 
-        Unlike :meth:`apply` it never raises for an engine's error, so a caller can keep
-        what the other engines returned (a save goes on when one engine died).
+        ``fn`` is a function, or ``"module:function"`` to import on the engines (see
+        :func:`remote`). Unlike :meth:`apply` it never raises for an engine's error, so
+        a caller can keep what the other engines returned (a save goes on when one
+        engine died).
         """
         import ipyparallel as ipp
 
+        if isinstance(fn, str):
+            fn = remote(fn)
         self.check_alive()
         pending = [self.client[eid].apply_async(fn, *args, **kwargs) for eid in self.engine_ids]
         out: list[tuple[bool, Any]] = []
@@ -240,9 +272,16 @@ class JaxCluster:
         return out
 
     def apply(
-        self, fn: Any, *args: Any, what: str, timeout_s: float | None = 120.0, **kwargs: Any
+        self,
+        fn: str | Callable[..., Any],
+        *args: Any,
+        what: str,
+        timeout_s: float | None = 120.0,
+        **kwargs: Any,
     ) -> list[Any]:
         """Run ``fn(*args, **kwargs)`` on every engine and return results in rank order.
+
+        ``fn`` is as for :meth:`apply_each`.
 
         Raises
         ------
@@ -257,19 +296,22 @@ class JaxCluster:
         return [res for _ok, res in outcomes]
 
     def _join(self, timeout_s: float) -> None:
-        """Run ``jax.distributed.initialize`` on every engine at once."""
-        import ipyparallel as ipp
+        """Prepare every engine as one JAX process of the job, all at once.
 
-        from nbckpt.engine import agent
+        Each runs :func:`nbckpt.engine.process.initialize`, the same setup a
+        :class:`~nbckpt.procgroup.ProcessGroup` worker runs.
+        """
+        import ipyparallel as ipp
 
         self.engine_ids = sorted(self.client.ids)[: self.n]
         t0 = time.perf_counter()
         first = self.client[self.engine_ids[0]]
-        port = first.apply_sync(agent.pick_port, self.coordinator_host)
+        # Picked on process 0's engine: the port must be free where the service binds.
+        port = first.apply_sync(remote(f"{PROCESS}:pick_port"), self.coordinator_host)
         self.coordinator = f"{self.coordinator_host}:{port}"
         pending = [
             self.client[eid].apply_async(
-                agent.initialize,
+                remote(f"{PROCESS}:initialize"),
                 rank,
                 len(self.engine_ids),
                 self.coordinator,
@@ -284,15 +326,14 @@ class JaxCluster:
         for rank, ar in enumerate(pending):
             try:
                 ar.get(timeout=timeout_s)
-            except ipp.error.RemoteError as e:
-                errors[rank] = f"{e.ename}: {_short(e.evalue)}"
+            except (ipp.error.RemoteError, ipp.error.EngineError) as e:
+                errors[rank] = _error_text(e)
             except ipp.error.TimeoutError:
                 errors[rank] = f"no answer within {timeout_s:g} s"
         if errors:
-            detail = "; ".join(f"process {r}: {t}" for r, t in sorted(errors.items()))
             raise ClusterError(
-                f"jax.distributed.initialize failed ({detail}); a JAX process cannot be "
-                "joined twice, so stop this cluster and start a fresh one",
+                f"jax.distributed.initialize failed on {by_process(errors)}; a JAX process "
+                "cannot be joined twice, so stop this cluster and start a fresh one",
                 sorted(errors),
             )
         self.timings["jax_init_s"] = time.perf_counter() - t0
@@ -322,24 +363,22 @@ class JaxCluster:
         if 0 in dead:
             raise ClusterGoneError()
         if dead:
-            who = ", ".join(map(str, dead))
             raise ClusterError(
-                f"process(es) {who} died; the others are alive but a JAX job cannot take "
-                "a process back: run %ckpt_cluster restart, then %ckpt_restore VAR",
+                f"{who(dead)} died; the others are alive but a JAX job cannot take a process "
+                "back: run %ckpt_cluster restart, then %ckpt_restore VAR",
                 dead,
             )
 
     def health(self) -> dict[int, str]:
         """``{process: "alive" | "dead"}`` from the controller and the engines' heartbeats."""
-        from nbckpt.engine import agent
-
         dead = set(self.dead_processes())
         view = {p: "dead" if p in dead else "alive" for p in range(len(self.engine_ids))}
         if 0 in dead or len(dead) == len(view):
             return {p: "dead" for p in view}
         first = next(p for p in view if p not in dead)
         try:
-            beats = self.client[self.engine_ids[first]].apply_async(agent.health_view)
+            engine = self.client[self.engine_ids[first]]
+            beats = engine.apply_async(remote(f"{AGENT}:health_view"))
             for p, state in beats.get(timeout=5).items():
                 if state == "dead":
                     view[int(p)] = "dead"
@@ -350,16 +389,20 @@ class JaxCluster:
     def restart(self, timeout_s: float = 120.0) -> JaxCluster:
         """Stop this cluster and start a fresh one with the same settings.
 
-        A JAX process cannot rejoin a job, so every engine is new.
+        A JAX process cannot rejoin a job, so every engine is new. If ``%px`` was
+        activated (:meth:`activate_px`), it is activated on the new engines the same
+        way, so ``%px`` after a restart behaves as after a start.
         """
+        px = self._px_active
         self.stop()
-        return self.start(timeout_s)
+        self.start(timeout_s)
+        if px:
+            self.activate_px()
+        return self
 
     def status(self) -> list[dict[str, Any]]:
         """Each engine's report (process, devices, host, checkpointers), in rank order."""
-        from nbckpt.engine import agent
-
-        return self.apply(agent.status, what="status", timeout_s=30)
+        return self.apply(f"{AGENT}:status", what="status", timeout_s=30)
 
     def stop(self, timeout_s: float = 10.0) -> float:
         """Leave the JAX job on every engine, then stop engines and controller.
@@ -372,12 +415,12 @@ class JaxCluster:
         t0 = time.perf_counter()
         # Teardown goes on whatever state the engines are in: each step is best effort.
         if self.client is not None and self.engine_ids:
-            from nbckpt.engine import agent
-
             # Engines may exit as the coordination service goes away; that is the end
             # we want, so their answers are not awaited past a short grace.
             with contextlib.suppress(Exception):
-                self.view.apply_async(agent.shutdown).wait(timeout=min(3.0, timeout_s))
+                self.view.apply_async(remote(f"{PROCESS}:shutdown")).wait(
+                    timeout=min(3.0, timeout_s)
+                )
         if self.cluster is not None:
             with contextlib.suppress(Exception):
                 self.cluster.stop_cluster_sync()
@@ -390,6 +433,8 @@ class JaxCluster:
         self.client = None
         self.cluster = None
         self.engine_ids = []
+        self._view = None
+        self._px_active = False
         self.timings["stop_s"] = time.perf_counter() - t0
         return self.timings["stop_s"]
 
@@ -400,6 +445,6 @@ def _safe_info() -> dict[str, Any] | None:
 
     if "jax" not in sys.modules:
         return {"initialized": False}
-    from nbckpt.engine import agent
+    from nbckpt.engine import process
 
-    return agent.info()
+    return process.info()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import ipyparallel as ipp
 import pytest
 from IPython.core.error import UsageError
 
@@ -75,11 +76,28 @@ def test_fail_io_names_the_process(env):
     ip = env["ip"]
     ip.run_line_magic("ckpt_fault", "fail-io --process 1")
     try:
-        with pytest.raises(SaveFailedError, match=r"process 1: OSError: .*injected I/O error"):
+        with pytest.raises(SaveFailedError, match=r"process 1: OSError: .*injected I/O error") as e:
             ip.run_line_magic("ckpt_save", "state --step 2 --wait")
     finally:
         ip.run_line_magic("ckpt_fault", "clear")
+    # The others gave up because of process 1: they follow the cause, not lead it.
+    assert "(then processes 0, 2 gave up); nothing was committed for this step" in str(e.value)
     assert not (env["root"] / "2").exists()
+
+
+def test_a_failed_forced_resave_keeps_the_old_step_and_says_so(env):
+    ip, root = env["ip"], env["root"]
+    committed = sorted(p.name for p in (root / "1").rglob("*"))
+    ip.run_line_magic("ckpt_fault", "fail-io --process 2")
+    try:
+        with pytest.raises(SaveFailedError) as e:
+            ip.run_line_magic("ckpt_save", "state --step 1 --force --wait")
+    finally:
+        ip.run_line_magic("ckpt_fault", "clear")
+    msg = str(e.value)
+    assert "process 2: OSError" in msg and "nothing was committed" not in msg
+    assert msg.endswith("; the previously committed step 1 is untouched")
+    assert sorted(p.name for p in (root / "1").rglob("*")) == committed
 
 
 def test_kill_then_status_restart_and_restore(env, capsys):
@@ -94,10 +112,21 @@ def test_kill_then_status_restart_and_restore(env, capsys):
     ip.run_line_magic("ckpt_status", "")
     out = capsys.readouterr().out
     assert "process 2 dead" in out and "process 0 alive" in out
-    with pytest.raises(ClusterError, match=r"process\(es\) 2 died"):
+    with pytest.raises(ClusterError, match=r"^process 2 died; .* %ckpt_cluster restart"):
         ip.run_line_magic("ckpt_save", "state --step 4")
+    # A barrier or a restore with a dead process: the same one line, never a KeyError.
+    for line in ("ckpt_barrier b", "ckpt_restore restored"):
+        with pytest.raises(ClusterError, match=r"^process 2 died"):
+            ip.run_line_magic(*line.split(" ", 1))
     ip.run_line_magic("ckpt_cluster", "restart")
     assert "fresh JAX processes ready" in capsys.readouterr().out
+    # %px after a restart blocks as after a start: an error on the engines raises here
+    # (a non-blocking %px would return at once and the error would go unseen).
+    with pytest.raises(ipp.error.RemoteError) as raised:
+        ip.run_cell_magic("px", "", "raise ValueError('failing on purpose')")
+    # Once streamed, ipyparallel raises a short form that wraps the engines' errors.
+    error = getattr(raised.value, "original_error", raised.value)
+    assert str(error).count("ValueError: failing on purpose") == 3
     ip.run_line_magic("ckpt_restore", "restored")
     assert "restored step 1" in capsys.readouterr().out
     ip.run_cell_magic("px", "", BUILD + CHECK)

@@ -31,24 +31,18 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     conn = Connection(args.fd)
     try:
-        import jax
+        # Imported inside the try, so that an import error reaches the parent too.
+        from nbckpt.engine import process
 
-        # Both must be set before any other JAX call (measured on jax 0.10).
-        jax.config.update("jax_num_cpu_devices", args.devices)
-        # Without this, shutdown waits about 5 s per process for the preemption service.
-        jax.config.update("jax_enable_preemption_service", False)
-        if args.recoverable:
-            jax.config.update("jax_enable_recoverability", True)
-        if args.num_processes > 1:
-            address = f"127.0.0.1:{args.port}"
-            jax.distributed.initialize(
-                coordinator_address=address,
-                num_processes=args.num_processes,
-                process_id=args.process_id,
-                coordinator_bind_address=address,
-                initialization_timeout=120,
-            )
-        jax.devices()
+        address = f"127.0.0.1:{args.port}"
+        process.initialize(
+            args.process_id,
+            args.num_processes,
+            address,
+            devices_per_process=args.devices,
+            bind_address=address,
+            recoverable=args.recoverable,
+        )
         conn.send_bytes(pickle.dumps(("ok", os.getpid())))
     except BaseException:
         conn.send_bytes(pickle.dumps(("err", traceback.format_exc())))
@@ -68,9 +62,7 @@ def main(argv: list[str] | None = None) -> None:
             reply = pickle.dumps(("err", traceback.format_exc()))
         conn.send_bytes(reply)
     if args.num_processes > 1:
-        import jax
-
-        jax.distributed.shutdown()
+        process.shutdown()
 
 
 if __name__ == "__main__":
