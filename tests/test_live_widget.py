@@ -60,7 +60,7 @@ def test_a_long_save_updates_the_widget_by_itself(ip, cluster):
     magics.cluster.view.apply_sync(_slow_down)
     try:
         handle = ip.run_line_magic("ckpt_save", "state --step 1")
-        widget = magics._views()[handle.op]
+        widget = magics.views[handle.op]
         first = [r["phase"] for r in widget.rows]
         seen: list[tuple] = []
         widget.observe(
@@ -105,10 +105,10 @@ def test_save_wait_without_widgets_draws_text_bars_and_quiet_draws_nothing(ip, c
     ip.run_line_magic("ckpt_save", "state --step 2 --wait")
     err = capsys.readouterr().err
     assert "save 2 process 0" in err and "save 2 process 1" in err and "committed" in err
-    n = len(magics._views())
+    n = len(magics.views)
     handle = ip.run_line_magic("ckpt_save", "state --step 3 --quiet")
     handle.wait(60)
-    assert len(magics._views()) == n and "process 0" not in capsys.readouterr().err
+    assert len(magics.views) == n and "process 0" not in capsys.readouterr().err
 
 
 def test_timeline_magic_returns_a_figure_and_writes_png(ip, cluster, tmp_path, capsys):

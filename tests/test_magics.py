@@ -9,7 +9,7 @@ import pytest
 from IPython.core.error import UsageError
 
 from nbckpt.client import SaveFailedError
-from nbckpt.cluster import ClusterError
+from nbckpt.errors import ClusterError
 from nbckpt.magics import NbckptMagics
 
 BUILD = """
@@ -73,8 +73,13 @@ def test_magic_before_any_cluster_says_how_to_start(ip):
         ("ckpt_save", "state --step x", "whole number"),
         ("ckpt_save", "state --step -3", "0 or more"),
         ("ckpt_save", "state --step 1 --mode copy", "invalid choice"),
-        ("ckpt_save", "state --step 1 --timeout 0", "positive"),
+        ("ckpt_save", "state --step 1 --timeout 0", "above 0"),
+        ("ckpt_save", "state --step 1 --timeout nan", "finite"),
         ("ckpt_barrier", "b --processes a,b", "indices like 0,2"),
+        ("ckpt_barrier", "b --processes ,", "indices like 0,2"),
+        ("ckpt_barrier", "../../x", "barrier name"),
+        ("ckpt_restore", "x --timeout inf", "finite"),
+        ("ckpt_save", 'state --step 1 --dir "/a b', "as a shell would"),
         ("ckpt_cluster", "explode", "invalid choice"),
         ("ckpt_restore", "", "arguments"),
         ("ckpt_wait", "now", "no arguments"),
@@ -89,6 +94,12 @@ def test_help_comes_from_the_code(ip):
     doc = ip.find_line_magic("ckpt_save").__doc__
     assert "--mode {rename,commit_file}" in doc and "--force" in doc and "--wait" in doc
     assert "--processes" in ip.find_line_magic("ckpt_barrier").__doc__
+    assert "--timeout SECONDS" in ip.find_line_magic("ckpt_restore").__doc__
+
+
+def test_a_bad_argument_names_the_usage(ip):
+    with pytest.raises(UsageError, match=r"(?s)above 0.*usage: %ckpt_barrier"):
+        ip.run_line_magic("ckpt_barrier", "b --timeout -1")
 
 
 def test_cluster_save_barrier_restore_status_ls_stop(ip, cluster, capsys):
@@ -121,6 +132,15 @@ def test_cluster_save_barrier_restore_status_ls_stop(ip, cluster, capsys):
     ip.run_line_magic("ckpt_restore", "restored")
     assert "restored step 2" in capsys.readouterr().out
 
+    # Quotes are removed as a shell would: the directory's name has a space, no quotes.
+    spaced = root / "a b"
+    ip.run_line_magic("ckpt_save", f'state --step 3 --dir "{spaced}" --wait --quiet')
+    assert (spaced / "3").is_dir()
+    ip.run_line_magic("ckpt_restore", f"restored --dir '{spaced}' --timeout 60")
+    assert "restored step 3" in capsys.readouterr().out
+    ip.run_line_magic("ckpt_ls", f'"{spaced}"')
+    assert re.search(r"^\s+3\s+complete", capsys.readouterr().out, re.M)
+
     ip.run_line_magic("ckpt_status", "")
     status = capsys.readouterr().out
     assert "process 1:" in status and "step 2 ->" in status and "committed" in status
@@ -138,11 +158,13 @@ def test_engine_errors_name_the_processes(ip, cluster):
         ip.run_line_magic("ckpt_save", "state --step 1")
     with pytest.raises(ClusterError, match=r"processes 0, 1: NameError: name 'nope'"):
         ip.run_line_magic("ckpt_save", "nope --step 9")
-    # Defined on process 1 only: process 0 fails, process 1 times out waiting for it.
+    # Defined on process 1 only: process 0 fails, and process 1 gives up on it (told of
+    # the failure, or at the deadline if the news comes late).
     with pytest.raises(ClusterError) as info:
         ip.run_line_magic("ckpt_save", "only_on_1 --step 9 --timeout 2")
     msg = str(info.value)
-    assert "process 0: NameError" in msg and "process 0 did not arrive" in msg
+    assert "process 0: NameError" in msg
+    assert "process 0 failed: NameError" in msg or "process 0 did not arrive" in msg
     assert info.value.processes == [0, 1]
 
 

@@ -1,0 +1,638 @@
+"""The ``%ckpt_*`` magics' arguments: declared once, split as a shell would, validated.
+
+Each magic's arguments are one :class:`MagicArgs`. It decorates the magic, so that
+``%ckpt_save?`` shows the help argparse builds from the declarations, and it parses a
+line with the same declarations. A ``parse_*_args(line)`` function per magic splits the
+line, parses it and checks every value, returning a small frozen dataclass or raising
+:class:`~IPython.core.error.UsageError` (message, then the usage line). They need no
+shell and no cluster, so every misuse can be tested on its own; the magics run only
+what parsed. Argument groups that several magics share (``--dir``, ``--timeout``, an
+operation and its ``--dir``) are declared here once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import keyword
+import math
+import shlex
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Final, TypeVar
+
+from IPython.core.error import UsageError
+from IPython.core.magic_arguments import ArgDecorator, argument, magic_arguments
+
+from nbckpt.protocol import (
+    DEFAULT_BARRIER_TIMEOUT_S,
+    DEFAULT_SAVE_TIMEOUT_S,
+    MODES,
+    PHASES,
+    Mode,
+    check_name,
+    check_timeout,
+)
+
+__all__ = [
+    "BARRIER",
+    "CLUSTER",
+    "DIR_ARG",
+    "FAULT",
+    "FSCK",
+    "LS",
+    "OP_ARGS",
+    "RESTORE",
+    "SAVE",
+    "SHOW",
+    "STATUS",
+    "TIMELINE",
+    "WAIT",
+    "BarrierArgs",
+    "ClusterArgs",
+    "FaultArgs",
+    "FsckArgs",
+    "LsArgs",
+    "MagicArgs",
+    "OpArgs",
+    "RestoreArgs",
+    "SaveArgs",
+    "TimelineArgs",
+    "parse_barrier_args",
+    "parse_cluster_args",
+    "parse_fault_args",
+    "parse_fsck_args",
+    "parse_ls_args",
+    "parse_restore_args",
+    "parse_save_args",
+    "parse_show_args",
+    "parse_status_args",
+    "parse_timeline_args",
+    "parse_wait_args",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: The longest deadline a magic accepts. Every layer below takes a finite deadline, but
+#: not every one takes any: threading refuses waits beyond ``threading.TIMEOUT_MAX`` and
+#: the coordination service counts milliseconds. A deadline past a week is a typo.
+MAX_TIMEOUT_S: Final = 7 * 24 * 3600.0
+#: The largest step: the lab sidebar reads steps as JSON numbers, exact up to 2**53 - 1.
+MAX_STEP: Final = 2**53 - 1
+#: Bounds on counts and indices of processes and devices, so that a typo such as
+#: ``-n 40000`` is refused instead of launching engines until the machine gives up.
+MAX_PROCESSES: Final = 4096
+#: How much slower ``slow-io`` may make writes: beyond this a save only looks hung.
+MAX_IO_FACTOR: Final = 1000.0
+
+
+# -- declaring arguments once --------------------------------------------------------
+
+
+def _stub(name: str) -> Callable[..., None]:
+    def stub(line: str) -> None:
+        """Parse only; the magic method carries the help text."""
+
+    stub.__name__ = name
+    return stub
+
+
+class MagicArgs:
+    """One magic's arguments: they decorate the magic and parse its lines.
+
+    Parameters
+    ----------
+    name
+        The magic's name (``ckpt_save``), shown in the usage line.
+    *decorators
+        IPython ``argument`` decorators, in the order they appear in the help; shared
+        groups are tuples of them, spliced in with ``*``.
+
+    Notes
+    -----
+    The magic method gets its own parser from the same decorators (that is where
+    ``%magic?`` reads its help), and :meth:`parse` uses one built on a stub, so that
+    lines parse without an IPython shell. Both come from one declaration.
+    """
+
+    def __init__(self, name: str, *decorators: ArgDecorator) -> None:
+        self.name = name
+        self.decorators = decorators
+        self.parser: argparse.ArgumentParser = self(_stub(name)).parser  # type: ignore[attr-defined]
+        # Usage as one line: IPython formats it as an RST block for the docs.
+        self.usage = "usage: " + " ".join(self.parser.format_usage().removeprefix("::").split())
+
+    def __call__(self, func: F) -> F:
+        """Declare the arguments on ``func`` and build its parser and help text."""
+        for deco in reversed(self.decorators):
+            func = deco(func)
+        decorated: F = magic_arguments()(func)
+        return decorated
+
+    def error(self, message: str) -> UsageError:
+        """A UsageError: ``message``, then this magic's usage line."""
+        return UsageError(f"{message}\n{self.usage}")
+
+    @contextmanager
+    def checking(self) -> Iterator[None]:
+        """Turn a check's one-line ValueError into this magic's UsageError."""
+        try:
+            yield
+        except ValueError as e:
+            raise self.error(str(e)) from None
+
+    def split(self, line: str) -> list[str]:
+        """Split ``line`` as a POSIX shell would: quotes removed, escapes applied.
+
+        IPython's own splitting keeps quotes in the values (``--dir "/a b"`` would name
+        a directory with quote characters) and raises a bare ValueError on an
+        unbalanced quote; here that is a UsageError.
+        """
+        try:
+            tokens = shlex.split(line, posix=True)
+        except ValueError as e:
+            raise self.error(f"cannot split the arguments as a shell would: {e}") from None
+        if any("\0" in t for t in tokens):
+            raise self.error("arguments cannot contain NUL characters")
+        return tokens
+
+    def parse(self, line: str) -> argparse.Namespace:
+        """Split ``line`` (:meth:`split`) and parse it with the declared arguments."""
+        tokens = self.split(line)
+        try:
+            return self.parser.parse_args(tokens)
+        except UsageError as e:  # what argparse found wrong, without the usage line
+            raise self.error(str(e)) from None
+
+
+#: ``--dir``: shared by every magic that reads or writes a checkpoint root.
+DIR_ARG: Final = argument(
+    "--dir",
+    help="checkpoint directory (default: the cluster's --dir); quote a path with spaces",
+)
+#: An operation and its root, for the magics that read one operation's journal.
+OP_ARGS: Final = (
+    argument(
+        "op",
+        nargs="?",
+        metavar="OP",
+        help="operation id or its journal folder (default: this session's last save, "
+        "else the newest operation in the directory)",
+    ),
+    DIR_ARG,
+)
+
+
+def timeout_arg(default: float, what: str) -> ArgDecorator:
+    """``--timeout``: a deadline in seconds, checked like every other one."""
+    # A string default goes through the same check as a typed value.
+    return argument(
+        "--timeout",
+        metavar="SECONDS",
+        default=f"{default:g}",
+        help=f"{what} in seconds, finite and above 0, at most a week (default {default:g})",
+    )
+
+
+# -- checks (one-line ValueErrors; MagicArgs.checking makes them UsageErrors) -----------
+
+
+def whole(text: str, what: str, *, low: int = 0, high: int = MAX_STEP) -> int:
+    """Return ``text`` as an int in ``[low, high]``; only ASCII digits count.
+
+    ``int()`` also reads other scripts' digits (``int("٣") == 3``), ``+3``, `` 3`` and
+    ``3_0``; a step names a folder and an index a process, so only the digits 0-9 are
+    taken, and a number is what it looks like.
+    """
+    if not (text.isascii() and text.isdigit()):
+        raise ValueError(
+            f"{what} takes a whole number ({low} or more, in digits 0-9), got {text!r}"
+        )
+    # Compare lengths first: int() of thousands of digits is slow or refused.
+    if len(text.lstrip("0")) > len(str(high)) or not low <= int(text) <= high:
+        raise ValueError(f"{what} must be from {low} to {high}, got {text}")
+    return int(text)
+
+
+def seconds(text: str, what: str) -> float:
+    """Return a deadline: a finite number of seconds above 0, at most :data:`MAX_TIMEOUT_S`."""
+    if not text.isascii():  # float() reads non-ASCII digits too
+        raise ValueError(f"{what} must be a number of seconds, got {text!r}")
+    value = check_timeout(text.strip(), what)
+    if value > MAX_TIMEOUT_S:
+        raise ValueError(f"{what} must be at most {MAX_TIMEOUT_S:g} s (a week), got {text}")
+    return value
+
+
+def factor(text: str) -> float:
+    """Return a slow-down factor: a finite number from 1 to :data:`MAX_IO_FACTOR`."""
+    try:
+        value = float(text) if text.isascii() else math.nan
+    except ValueError:
+        value = math.nan
+    if not 1 <= value <= MAX_IO_FACTOR:  # also refuses nan
+        raise ValueError(
+            f"%ckpt_fault slow-io needs --factor F >= 1 (at most {MAX_IO_FACTOR:g}), got {text!r}"
+        )
+    return value
+
+
+def processes(text: str) -> list[int]:
+    """Return ``0,2`` as ``[0, 2]``: at least one index, each in digits; sorted, unique."""
+    parts = text.split(",")
+    if any(not p.strip() for p in parts):
+        raise ValueError(f"--processes takes indices like 0,2; got {text!r}")
+    try:
+        return sorted({whole(p.strip(), "--processes", high=MAX_PROCESSES - 1) for p in parts})
+    except ValueError as e:
+        raise ValueError(f"--processes takes indices like 0,2; {e}") from None
+
+
+def directory(text: str | None, what: str = "--dir") -> str | None:
+    """Return a directory argument, refusing an empty one (it would mean the cwd)."""
+    if text is not None and not text.strip():
+        raise ValueError(f"{what} needs a directory, got an empty one")
+    return text
+
+
+def operation(text: str | None) -> str | None:
+    """Return an OP argument, refusing an empty one (it would name the ops folder)."""
+    if text is not None and not text.strip():
+        raise ValueError("OP needs an operation id or a journal folder, got an empty one")
+    return text
+
+
+def variable(text: str) -> str:
+    """Return ``text`` if it can name a variable in the engines' namespace."""
+    if not text.isidentifier() or keyword.iskeyword(text):
+        raise ValueError(f"VAR must be a Python variable name, got {text!r}")
+    return text
+
+
+# -- the magics' arguments -----------------------------------------------------------
+
+CLUSTER: Final = MagicArgs(
+    "ckpt_cluster",
+    argument(
+        "action",
+        choices=["start", "stop", "status", "attach", "restart"],
+        help="start a new cluster, attach to a running one, show it, stop it, or "
+        "restart it with fresh engines",
+    ),
+    argument(
+        "-n",
+        default="4",
+        help=f"number of engines / JAX processes, 1 to {MAX_PROCESSES} (start; default 4)",
+    ),
+    argument(
+        "--devices-per-process",
+        default="1",
+        help=f"CPU devices per process, 1 to {MAX_PROCESSES} (default 1)",
+    ),
+    argument("--dir", help="default checkpoint directory for the other magics"),
+    argument(
+        "--coordinator-host",
+        default="127.0.0.1",
+        help="address of process 0's coordination service (real hosts)",
+    ),
+    argument("--profile", help="ipyparallel profile (attach)"),
+    argument("--cluster-id", help="ipyparallel cluster id (attach)"),
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterArgs:
+    """``%ckpt_cluster``: the action and, for start / attach, how to build the cluster."""
+
+    action: str
+    n: int
+    devices_per_process: int
+    directory: str | None
+    coordinator_host: str
+    profile: str | None
+    cluster_id: str | None
+
+
+def parse_cluster_args(line: str) -> ClusterArgs:
+    """Parse and check ``%ckpt_cluster``'s line; raise UsageError if anything is wrong."""
+    ns = CLUSTER.parse(line)
+    with CLUSTER.checking():
+        if not ns.coordinator_host.strip():
+            raise ValueError("--coordinator-host needs a host name or address")
+        return ClusterArgs(
+            action=ns.action,
+            n=whole(ns.n, "-n", low=1, high=MAX_PROCESSES),
+            devices_per_process=whole(
+                ns.devices_per_process, "--devices-per-process", low=1, high=MAX_PROCESSES
+            ),
+            directory=directory(ns.dir),
+            coordinator_host=ns.coordinator_host,
+            profile=ns.profile,
+            cluster_id=ns.cluster_id,
+        )
+
+
+SAVE: Final = MagicArgs(
+    "ckpt_save",
+    argument("var", metavar="VAR", help="name of the pytree in every engine's namespace"),
+    argument("--step", required=True, metavar="N", help="step number (digits 0-9, 0 or more)"),
+    DIR_ARG,
+    argument(
+        "--mode",
+        choices=list(MODES),
+        default="rename",
+        help="finalize by renaming a temporary directory, or with a commit file",
+    ),
+    argument("--wait", action="store_true", help="block until the step is committed"),
+    argument("--force", action="store_true", help="replace the step if it exists"),
+    timeout_arg(DEFAULT_SAVE_TIMEOUT_S, "barrier deadline"),
+    argument("--quiet", action="store_true", help="do not show the live per-process progress"),
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SaveArgs:
+    """``%ckpt_save``: what to save as which step, where, and how."""
+
+    var: str
+    step: int
+    directory: str | None
+    mode: Mode
+    wait: bool
+    force: bool
+    timeout_s: float
+    quiet: bool
+
+
+def parse_save_args(line: str) -> SaveArgs:
+    """Parse and check ``%ckpt_save``'s line; raise UsageError if anything is wrong."""
+    ns = SAVE.parse(line)
+    with SAVE.checking():
+        return SaveArgs(
+            var=variable(ns.var),
+            step=whole(ns.step, "--step"),
+            directory=directory(ns.dir),
+            mode=ns.mode,
+            wait=ns.wait,
+            force=ns.force,
+            timeout_s=seconds(ns.timeout, "--timeout"),
+            quiet=ns.quiet,
+        )
+
+
+BARRIER: Final = MagicArgs(
+    "ckpt_barrier",
+    argument(
+        "name",
+        metavar="NAME",
+        help="barrier name: 1 to 64 letters, digits, '_' or '.' (not first); "
+        "the key is made unique per use",
+    ),
+    timeout_arg(DEFAULT_BARRIER_TIMEOUT_S, "deadline"),
+    argument(
+        "--processes", metavar="P,Q", help="comma-separated process indices, e.g. 0,2 (default all)"
+    ),
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BarrierArgs:
+    """``%ckpt_barrier``: the name, deadline and processes (None: all) of one barrier."""
+
+    name: str
+    timeout_s: float
+    processes: list[int] | None
+
+
+def parse_barrier_args(line: str) -> BarrierArgs:
+    """Parse and check ``%ckpt_barrier``'s line; raise UsageError if anything is wrong."""
+    ns = BARRIER.parse(line)
+    with BARRIER.checking():
+        return BarrierArgs(
+            # The name becomes part of a key and of a journal folder's name.
+            name=check_name(ns.name, "barrier name"),
+            timeout_s=seconds(ns.timeout, "--timeout"),
+            processes=None if ns.processes is None else processes(ns.processes),
+        )
+
+
+RESTORE: Final = MagicArgs(
+    "ckpt_restore",
+    argument("var", metavar="VAR", help="name to restore into, in every engine's namespace"),
+    argument("--step", default="latest", metavar="N", help="step number, or 'latest' (default)"),
+    DIR_ARG,
+    timeout_arg(DEFAULT_SAVE_TIMEOUT_S, "deadline of each wait between engines"),
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RestoreArgs:
+    """``%ckpt_restore``: into which variable, which step (None: latest), from where."""
+
+    var: str
+    step: int | None
+    directory: str | None
+    timeout_s: float
+
+
+def parse_restore_args(line: str) -> RestoreArgs:
+    """Parse and check ``%ckpt_restore``'s line; raise UsageError if anything is wrong."""
+    ns = RESTORE.parse(line)
+    with RESTORE.checking():
+        return RestoreArgs(
+            var=variable(ns.var),
+            step=None if ns.step == "latest" else whole(ns.step, "--step (or 'latest')"),
+            directory=directory(ns.dir),
+            timeout_s=seconds(ns.timeout, "--timeout"),
+        )
+
+
+WAIT: Final = MagicArgs("ckpt_wait")
+
+
+def parse_wait_args(line: str) -> None:
+    """Check that ``%ckpt_wait`` got no arguments; raise UsageError if it did."""
+    if WAIT.split(line):
+        raise WAIT.error("%ckpt_wait takes no arguments")
+
+
+LS: Final = MagicArgs(
+    "ckpt_ls",
+    argument(
+        "dir", nargs="?", metavar="DIR", help="checkpoint directory (default: the cluster's --dir)"
+    ),
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LsArgs:
+    """``%ckpt_ls``: the directory to list (None: the cluster's)."""
+
+    directory: str | None
+
+
+def parse_ls_args(line: str) -> LsArgs:
+    """Parse and check ``%ckpt_ls``'s line; raise UsageError if anything is wrong."""
+    ns = LS.parse(line)
+    with LS.checking():
+        return LsArgs(directory=directory(ns.dir, "DIR"))
+
+
+FAULT: Final = MagicArgs(
+    "ckpt_fault",
+    argument(
+        "action",
+        choices=["kill", "stall", "slow-io", "fail-io", "list", "clear"],
+        help="what to inject (kill, stall, slow-io, fail-io), or list / clear",
+    ),
+    argument("--process", metavar="P", help="the process to act on (not for list / clear)"),
+    argument(
+        "--at",
+        choices=list(PHASES),
+        metavar="PHASE",
+        help=f"the phase at which the fault fires: {', '.join(PHASES)}",
+    ),
+    argument(
+        "--seconds",
+        metavar="S",
+        help="how long a stall lasts (stall only; above 0, at most a week)",
+    ),
+    argument(
+        "--factor",
+        metavar="F",
+        help=f"how many times slower slow-io writes (slow-io only; 1 to {MAX_IO_FACTOR:g})",
+    ),
+)
+
+# Which options each fault takes; the others are refused rather than ignored.
+_FAULT_OPTIONS: Final = {
+    "kill": {"process", "at"},
+    "stall": {"process", "at", "seconds"},
+    "slow-io": {"process", "factor"},
+    "fail-io": {"process", "at"},
+    "list": set(),
+    "clear": set(),
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class FaultArgs:
+    """``%ckpt_fault``: which fault, on which process, at which phase, how strong."""
+
+    action: str
+    process: int | None
+    at: str | None
+    seconds: float | None
+    factor: float | None
+
+
+def parse_fault_args(line: str) -> FaultArgs:
+    """Parse and check ``%ckpt_fault``'s line; raise UsageError if anything is wrong."""
+    ns = FAULT.parse(line)
+    action = ns.action
+    with FAULT.checking():
+        given = {k for k in ("process", "at", "seconds", "factor") if getattr(ns, k) is not None}
+        extra = sorted(given - _FAULT_OPTIONS[action])
+        if extra:
+            raise ValueError(f"%ckpt_fault {action} takes no --{extra[0]}")
+        if action not in ("list", "clear") and ns.process is None:
+            raise ValueError(f"%ckpt_fault {action} needs --process P")
+        if action == "stall" and (ns.at is None or ns.seconds is None):
+            raise ValueError("%ckpt_fault stall needs --at PHASE and --seconds S > 0")
+        if action == "slow-io" and ns.factor is None:
+            raise ValueError(
+                f"%ckpt_fault slow-io needs --factor F >= 1 (at most {MAX_IO_FACTOR:g})"
+            )
+        return FaultArgs(
+            action=action,
+            process=None
+            if ns.process is None
+            else whole(ns.process, "--process", high=MAX_PROCESSES - 1),
+            at=ns.at,
+            seconds=None if ns.seconds is None else seconds(ns.seconds, "--seconds"),
+            factor=None if ns.factor is None else factor(ns.factor),
+        )
+
+
+FSCK: Final = MagicArgs(
+    "ckpt_fsck",
+    argument(
+        "dir", nargs="?", metavar="DIR", help="checkpoint directory (default: the cluster's --dir)"
+    ),
+    argument("--clean", action="store_true", help="remove abandoned entries (only those)"),
+    argument(
+        "--verify",
+        action="store_true",
+        help="read every array of complete steps and check shapes and checksums",
+    ),
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FsckArgs:
+    """``%ckpt_fsck``: the directory (None: the cluster's) and what to do beyond reporting."""
+
+    directory: str | None
+    clean: bool
+    verify: bool
+
+
+def parse_fsck_args(line: str) -> FsckArgs:
+    """Parse and check ``%ckpt_fsck``'s line; raise UsageError if anything is wrong."""
+    ns = FSCK.parse(line)
+    with FSCK.checking():
+        return FsckArgs(directory=directory(ns.dir, "DIR"), clean=ns.clean, verify=ns.verify)
+
+
+SHOW: Final = MagicArgs("ckpt_show", *OP_ARGS)
+STATUS: Final = MagicArgs("ckpt_status", *OP_ARGS)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpArgs:
+    """One operation (None: the default one) and its root (None: the default one)."""
+
+    op: str | None
+    directory: str | None
+
+
+def _op_args(spec: MagicArgs, line: str) -> OpArgs:
+    ns = spec.parse(line)
+    with spec.checking():
+        return OpArgs(op=operation(ns.op), directory=directory(ns.dir))
+
+
+def parse_show_args(line: str) -> OpArgs:
+    """Parse and check ``%ckpt_show``'s line; raise UsageError if anything is wrong."""
+    return _op_args(SHOW, line)
+
+
+def parse_status_args(line: str) -> OpArgs | None:
+    """Parse ``%ckpt_status``'s line: None for the cluster's status, else one operation."""
+    args = _op_args(STATUS, line)
+    return None if args.op is None and args.directory is None else args
+
+
+TIMELINE: Final = MagicArgs(
+    "ckpt_timeline",
+    *OP_ARGS,
+    argument("--save", metavar="FILE.png", help="also write the figure to this PNG file"),
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TimelineArgs:
+    """``%ckpt_timeline``: one operation, and the PNG file to write (None: none)."""
+
+    op: str | None
+    directory: str | None
+    save: str | None
+
+
+def parse_timeline_args(line: str) -> TimelineArgs:
+    """Parse and check ``%ckpt_timeline``'s line; raise UsageError if anything is wrong."""
+    ns = TIMELINE.parse(line)
+    with TIMELINE.checking():
+        if ns.save is not None and not ns.save.lower().endswith(".png"):
+            raise ValueError(f"--save writes PNG: give a file ending in .png, got {ns.save!r}")
+        return TimelineArgs(op=operation(ns.op), directory=directory(ns.dir), save=ns.save)
