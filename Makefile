@@ -10,7 +10,8 @@ STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 # The lab extension is built by the package's build hook (pip install), so its sources
 # are inputs of the install too.
-LAB_SOURCES := $(wildcard labextension/src/*.ts labextension/style/* labextension/schema/*) \
+LAB_SOURCES := $(wildcard labextension/src/*.ts labextension/src/widget/*.ts \
+	labextension/tsconfig*.json labextension/style/* labextension/schema/*) \
 	labextension/package.json labextension/yarn.lock
 
 .PHONY: setup demo test lint browser-deps bench compare clean
@@ -52,4 +53,4 @@ compare: $(STAMP)
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
 	rm -rf labextension/node_modules labextension/lib labextension/tsconfig.tsbuildinfo \
-		nbckpt/labextension
+		nbckpt/labextension nbckpt/widgets/static

@@ -13,7 +13,10 @@ export default tseslint.config(
     files: ['**/*.ts'],
     languageOptions: {
       globals: { ...globals.browser },
-      parserOptions: { project: 'tsconfig.json', sourceType: 'module' }
+      parserOptions: {
+        project: ['tsconfig.json', 'tsconfig.widget.json'],
+        sourceType: 'module'
+      }
     },
     rules: {
       '@typescript-eslint/naming-convention': [

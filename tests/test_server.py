@@ -102,6 +102,20 @@ def test_manager_refuses_a_journal_linked_outside(server_root: Path, tmp_path: P
     assert "linked-op" not in {o["op"] for o in m.operations("runs/ckpt")["operations"]}
 
 
+def test_manager_protocol_is_the_protocol_module_as_json(tmp_path: Path) -> None:
+    from nbckpt import protocol
+
+    data = CheckpointManager(tmp_path).protocol()
+    # as_json() as is, plus the kinds by member name while as_json() lacks them.
+    assert data == {"kind_names": data["kind_names"], **protocol.as_json()}
+    assert data["phases"] == list(protocol.PHASES)
+    assert data["phase_names"]["write"] == protocol.Phase.WRITE
+    assert data["statuses"]["running"] == protocol.Status.RUNNING
+    assert data["kind_names"] == {k.name.lower(): k.value for k in protocol.Kind}
+    assert data["barrier_prefix"] == protocol.BARRIER_PREFIX
+    json.dumps(data)
+
+
 @pytest.mark.parametrize("op", ["..", "../ckpt", "nope"])
 def test_manager_refuses_bad_or_unknown_operations(server_root: Path, op: str) -> None:
     with pytest.raises((BadRequestError, NotFoundError)):
@@ -152,6 +166,18 @@ async def test_route_operations_and_one_operation(jp_fetch: Any) -> None:
     assert [ph["status"] for ph in p1["phases"] if ph["name"] == "write"] == ["failed"]
 
 
+async def test_route_protocol(jp_fetch: Any) -> None:
+    from nbckpt import protocol
+
+    code, data = await _get(jp_fetch, "protocol")
+    assert code == 200
+    assert data["phases"] == list(protocol.PHASES)
+    assert data["events"] == [e.value for e in protocol.Event]
+    assert data["statuses"] == {s.name.lower(): s.value for s in protocol.Status}
+    assert data["kind_names"]["save"] == protocol.Kind.SAVE
+    assert data["spans"] == [[s, e, p] for s, e, p in protocol.SPANS]
+
+
 @pytest.mark.parametrize(
     ("parts", "params", "code"),
     [
@@ -179,7 +205,9 @@ async def test_route_refusals(
 
 
 @pytest.mark.parametrize(
-    "parts", [("checkpoints",), ("operations",), ("operations", OP_OK)], ids=str
+    "parts",
+    [("checkpoints",), ("operations",), ("operations", OP_OK), ("protocol",)],
+    ids=str,
 )
 async def test_routes_refuse_unauthenticated_requests(
     jp_fetch: Any, parts: tuple[str, ...]
@@ -210,6 +238,27 @@ async def test_route_refuses_traversal_in_the_url(
     assert info.value.code == code
     body = info.value.response.body if info.value.response is not None else b""
     assert b"KeyboardInterrupt" not in body and b"process_" not in body
+
+
+def test_typescript_spells_no_protocol_word() -> None:
+    """The lab extension and the widget get every protocol word from the server."""
+    import re
+
+    from nbckpt.protocol import as_json
+
+    data = as_json()
+    words = {data["barrier_prefix"], *data["phases"], *data["barriers"], *data["events"]}
+    words |= {*data["statuses"].values(), *data["phase_names"].values()}
+    words |= {*data["kinds"], *data["causes"], *data["modes"]}
+    sources = sorted((Path(__file__).parents[1] / "labextension" / "src").rglob("*.ts"))
+    assert len(sources) >= 6
+    found = [
+        f"{path.name}: {m.group(0)}"
+        for path in sources
+        for word in words
+        for m in re.finditer(rf"(['\"`]){re.escape(word)}\1", path.read_text())
+    ]
+    assert found == []
 
 
 def test_extension_entry_points_are_on_the_top_level_package() -> None:

@@ -77,6 +77,17 @@ def test_update_sends_only_what_changed_and_mimebundle_has_text(tmp_path):
     assert "process 1: 100%" in data["text/plain"]
 
 
+def test_widget_front_end_is_the_built_module():
+    from nbckpt.widgets import progress
+
+    w = ProgressWidget()
+    # Built from labextension/src/widget/progress.ts by the package's build hook.
+    assert progress.ESM_PATH.is_file()
+    assert w._esm == progress.ESM_PATH.read_text()
+    assert "export default" in w._esm and "render" in w._esm
+    assert w._css == progress.CSS_PATH.read_text() and ".nbckpt-w-bar" in w._css
+
+
 def test_text_progress_draws_one_tqdm_bar_per_process(tmp_path):
     import io
 

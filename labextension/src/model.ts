@@ -1,5 +1,6 @@
 import { ISignal, Signal } from '@lumino/signaling';
 
+import { IProtocol, loadProtocol } from './protocol';
 import { requestAPI } from './request';
 
 /** The state of one entry of a checkpoint root (see nbckpt/inventory.py). */
@@ -50,7 +51,8 @@ export interface IPhase {
   name: string;
   start: number;
   end: number | null;
-  status: 'done' | 'open' | 'failed';
+  /** `statuses.done`, `statuses.open` or `statuses.failed` of the protocol. */
+  status: string;
 }
 
 /** Everything one process recorded for an operation. */
@@ -101,10 +103,28 @@ export class CheckpointsModel {
     return this._error;
   }
 
+  /** The protocol's names, once the first reload has fetched them. */
+  get protocol(): IProtocol | null {
+    return this._protocol;
+  }
+
   /** Saves that are still running (from the journal, so across every process). */
   get inFlight(): IOperationSummary[] {
+    const protocol = this._protocol;
+    if (protocol === null) {
+      return [];
+    }
     return (this._operations?.operations ?? []).filter(
-      op => op.kind === 'save' && op.status === 'running'
+      op =>
+        op.kind === protocol.kind_names.save &&
+        op.status === protocol.statuses.running
+    );
+  }
+
+  /** Whether an operation (or a process of one) is still running. */
+  isRunning(status: string): boolean {
+    return (
+      this._protocol !== null && status === this._protocol.statuses.running
     );
   }
 
@@ -129,13 +149,15 @@ export class CheckpointsModel {
       return;
     }
     try {
-      const [checkpoints, operations] = await Promise.all([
+      const [protocol, checkpoints, operations] = await Promise.all([
+        loadProtocol(),
         requestAPI<ICheckpoints>('checkpoints', { root }),
         requestAPI<IOperations>('operations', { root })
       ]);
       if (root !== this._root) {
         return; // the user chose another root meanwhile
       }
+      this._protocol = protocol;
       this._checkpoints = checkpoints;
       this._operations = operations;
       this._error = null;
@@ -151,11 +173,16 @@ export class CheckpointsModel {
     this._schedule();
   }
 
-  /** Fetch one operation's merged journal. */
-  operation(op: string): Promise<IOperation> {
-    return requestAPI<IOperation>(`operations/${encodeURIComponent(op)}`, {
-      root: this._root ?? ''
-    });
+  /** Fetch one operation's merged journal, with the protocol's names to draw it. */
+  async operation(op: string): Promise<[IOperation, IProtocol]> {
+    const [data, protocol] = await Promise.all([
+      requestAPI<IOperation>(`operations/${encodeURIComponent(op)}`, {
+        root: this._root ?? ''
+      }),
+      loadProtocol()
+    ]);
+    this._protocol = protocol;
+    return [data, protocol];
   }
 
   dispose(): void {
@@ -180,6 +207,7 @@ export class CheckpointsModel {
   private _checkpoints: ICheckpoints | null = null;
   private _operations: IOperations | null = null;
   private _error: string | null = null;
+  private _protocol: IProtocol | null = null;
   private _timer = 0;
   private _changed = new Signal<this, void>(this);
 }

@@ -7,6 +7,7 @@ import {
   IOperation,
   IOperationSummary
 } from './model';
+import { IProtocol, phaseKind } from './protocol';
 import { renderTimeline } from './timeline';
 
 /** Format a byte count the way people read it. */
@@ -124,8 +125,9 @@ export class CheckpointsPanel extends Widget {
     this._selected = op;
     this._highlight();
     let data: IOperation;
+    let protocol: IProtocol;
     try {
-      data = await this.model.operation(op);
+      [data, protocol] = await this.model.operation(op);
     } catch (reason) {
       this._timeline.replaceChildren(
         el('div', 'nbckpt-error', `Cannot load ${op}: ${String(reason)}`)
@@ -135,13 +137,13 @@ export class CheckpointsPanel extends Widget {
     if (this._selected !== op) {
       return;
     }
-    this._drawTimeline(data);
+    this._drawTimeline(data, protocol);
   }
 
   protected onResize(msg: Widget.ResizeMessage): void {
     super.onResize(msg);
     if (this._shown) {
-      this._drawTimeline(this._shown);
+      this._drawTimeline(...this._shown);
     }
   }
 
@@ -183,7 +185,7 @@ export class CheckpointsPanel extends Widget {
     if (
       selected &&
       model.operations?.operations.some(
-        o => o.op === selected && (o.status === 'running' || this._stale)
+        o => o.op === selected && (model.isRunning(o.status) || this._stale)
       )
     ) {
       void this.showOperation(selected);
@@ -267,21 +269,24 @@ export class CheckpointsPanel extends Widget {
     }
   }
 
-  private _drawTimeline(op: IOperation): void {
-    this._shown = op;
-    this._stale = op.status === 'running';
+  private _drawTimeline(op: IOperation, protocol: IProtocol): void {
+    this._shown = [op, protocol];
+    const running = protocol.statuses.running;
+    this._stale = op.status === running;
     const title = el('div', 'nbckpt-timeline-title');
     title.append(
       badge(op.status),
       el('span', 'nbckpt-timeline-op', `${op.kind} of step ${op.step ?? '?'}`)
     );
     const legend = el('div', 'nbckpt-legend');
+    const phases = protocol.phase_names;
+    const barrier = phaseKind(protocol, protocol.barrier_prefix);
     for (const [kind, label] of [
-      ['snapshot', 'snapshot'],
-      ['write', 'write'],
-      ['barrier', 'barrier wait'],
-      ['finalize', 'finalize'],
-      ['failed', 'failed']
+      [phases.snapshot, phases.snapshot],
+      [phases.write, phases.write],
+      [barrier, `${barrier} wait`],
+      [phases.finalize, phases.finalize],
+      [protocol.statuses.failed, protocol.statuses.failed]
     ]) {
       const item = el('span', 'nbckpt-legend-item');
       item.append(el('span', `nbckpt-swatch nbckpt-swatch-${kind}`), label);
@@ -293,7 +298,7 @@ export class CheckpointsPanel extends Widget {
         errors.appendChild(
           el('li', 'nbckpt-error', `p${proc.process}: ${proc.error}`)
         );
-      } else if (proc.status === 'running' && op.status !== 'running') {
+      } else if (proc.status === running && op.status !== running) {
         // The others finished or gave up, this one never recorded an outcome.
         errors.appendChild(
           el(
@@ -319,6 +324,7 @@ export class CheckpointsPanel extends Widget {
       el('div', 'nbckpt-timeline-id', op.op),
       renderTimeline(
         op,
+        protocol,
         this._timeline.clientWidth || this.node.clientWidth - 16
       ),
       legend,
@@ -334,5 +340,5 @@ export class CheckpointsPanel extends Widget {
   private _timeline: HTMLElement;
   private _selected: string | null = null;
   private _stale = false;
-  private _shown: IOperation | null = null;
+  private _shown: [IOperation, IProtocol] | null = null;
 }

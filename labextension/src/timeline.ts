@@ -1,4 +1,5 @@
 import { IOperation, IPhase } from './model';
+import { IProtocol, isBarrier, phaseKind } from './protocol';
 
 const SVG_NS = 'http://www.w3.org/2000/svg';
 const LABEL = 28;
@@ -18,12 +19,12 @@ function svg<K extends keyof SVGElementTagNameMap>(
 }
 
 /** The CSS classes of a phase span: its kind, and whether it failed or is open. */
-export function spanClasses(phase: IPhase): string[] {
-  const kind = phase.name.startsWith('barrier:')
-    ? 'barrier'
-    : phase.name.replace(/[^a-z_]/g, '');
-  const classes = ['nbckpt-span', `nbckpt-span-${kind}`];
-  if (phase.status !== 'done') {
+export function spanClasses(phase: IPhase, protocol: IProtocol): string[] {
+  const classes = [
+    'nbckpt-span',
+    `nbckpt-span-${phaseKind(protocol, phase.name)}`
+  ];
+  if (phase.status !== protocol.statuses.done) {
     classes.push(`nbckpt-span-${phase.status}`);
   }
   return classes;
@@ -38,10 +39,15 @@ function ms(seconds: number): string {
  * phase, barrier waits hatched, failed spans outlined in red, open spans dashed.
  *
  * @param op The merged journal from `GET nbckpt/api/operations/<op>`.
+ * @param protocol The protocol's names (`GET nbckpt/api/protocol`).
  * @param width The width to draw at, in CSS pixels (text keeps its size).
  * @returns A self-contained SVG element.
  */
-export function renderTimeline(op: IOperation, width = 600): SVGSVGElement {
+export function renderTimeline(
+  op: IOperation,
+  protocol: IProtocol,
+  width = 600
+): SVGSVGElement {
   const WIDTH = Math.max(width, 160);
   const processes = Object.values(op.processes).sort(
     (a, b) => a.process - b.process
@@ -106,10 +112,10 @@ export function renderTimeline(op: IOperation, width = 600): SVGSVGElement {
         width: Math.max(x(end) - x(phase.start), 1.5),
         height: ROW - 4,
         rx: 2,
-        class: spanClasses(phase).join(' '),
+        class: spanClasses(phase, protocol).join(' '),
         'data-phase': phase.name
       });
-      if (phase.name.startsWith('barrier:')) {
+      if (isBarrier(protocol, phase.name)) {
         // Inline style, because the theme's CSS fill would beat an attribute.
         rect.style.fill = `url(#nbckpt-hatch-${op.op})`;
       }

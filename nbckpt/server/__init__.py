@@ -5,6 +5,7 @@ Routes (under the server's base URL), every one ``@tornado.web.authenticated``:
 - ``GET nbckpt/api/checkpoints?root=R``
 - ``GET nbckpt/api/operations?root=R``
 - ``GET nbckpt/api/operations/<op>?root=R``
+- ``GET nbckpt/api/protocol``: the protocol's names (:func:`nbckpt.protocol.as_json`)
 
 ``R`` is relative to the server's root directory and may not leave it.
 """

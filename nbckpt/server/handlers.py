@@ -11,7 +11,13 @@ from jupyter_server.utils import url_path_join
 
 from nbckpt.server.manager import CheckpointManager, ManagerError
 
-__all__ = ["CheckpointsHandler", "OperationHandler", "OperationsHandler", "setup_handlers"]
+__all__ = [
+    "CheckpointsHandler",
+    "OperationHandler",
+    "OperationsHandler",
+    "ProtocolHandler",
+    "setup_handlers",
+]
 
 
 class _BaseHandler(APIHandler):
@@ -58,6 +64,15 @@ class OperationHandler(_BaseHandler):
         self._answer(self.manager.operation, op)
 
 
+class ProtocolHandler(_BaseHandler):
+    """``GET /nbckpt/api/protocol``: the protocol's names, for the lab extension."""
+
+    @tornado.web.authenticated
+    def get(self) -> None:
+        """Answer with :meth:`CheckpointManager.protocol`."""
+        self.finish(json.dumps(self.manager.protocol()))
+
+
 def setup_handlers(web_app: Any, root_dir: str) -> None:
     """Register the routes under ``<base_url>/nbckpt/api/``."""
     base = url_path_join(web_app.settings["base_url"], "nbckpt", "api")
@@ -68,5 +83,6 @@ def setup_handlers(web_app: Any, root_dir: str) -> None:
             (url_path_join(base, "checkpoints"), CheckpointsHandler, kwargs),
             (url_path_join(base, "operations"), OperationsHandler, kwargs),
             (url_path_join(base, "operations", "([^/]+)"), OperationHandler, kwargs),
+            (url_path_join(base, "protocol"), ProtocolHandler, kwargs),
         ],
     )

@@ -2,7 +2,8 @@
 
 :class:`CheckpointManager` resolves a root given relative to the server's root
 directory, refuses anything that would leave it, and returns JSON-able data built from
-:mod:`nbckpt.inventory` and :mod:`nbckpt.journal`. The handlers only translate HTTP.
+:mod:`nbckpt.inventory` and :mod:`nbckpt.journal`, and the protocol's names from
+:mod:`nbckpt.protocol`. The handlers only translate HTTP.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 from nbckpt.inventory import classify
 from nbckpt.journal import list_operations, read_operation
 from nbckpt.layout import ops_dir
+from nbckpt.protocol import as_json
 
 __all__ = [
     "BadRequestError",
@@ -104,6 +106,16 @@ class CheckpointManager:
                 f"the journal of {self.relative(real)!r} links outside the server's root"
             )
         return journal
+
+    def protocol(self) -> dict[str, Any]:
+        """Return the protocol's names (phases, events, statuses, ...) for the lab extension.
+
+        Returns
+        -------
+        dict
+            :func:`nbckpt.protocol.as_json`, so the TypeScript side never retypes a name.
+        """
+        return as_json()
 
     def relative(self, path: Path) -> str:
         """Return ``path`` relative to the root directory, ``"."`` for itself."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from nbckpt.monitor import JournalTailer
+from nbckpt.protocol import Status
 from nbckpt.widgets.live import LiveUpdater
 from nbckpt.widgets.progress import ProgressWidget
 
@@ -44,6 +45,6 @@ def watch(
         from IPython.display import display as show
 
         show(widget)
-    if tailer.record().status == "running" or tailer.event_count == 0:
+    if tailer.record().status == Status.RUNNING or tailer.event_count == 0:
         widget.live = LiveUpdater(tailer, widget.update_from, interval_s=interval_s).start()
     return widget

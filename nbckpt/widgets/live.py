@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nbckpt.monitor import JournalTailer, OperationView
+from nbckpt.protocol import Status
 
 __all__ = ["LiveUpdater", "kernel_loop"]
 
@@ -152,7 +153,7 @@ class LiveUpdater:
                     last_growth = time.monotonic()
                     self._offer(self.tailer.view())
                 self._apply_if_loop_busy()
-                finished = self.tailer.record().status != "running"
+                finished = self.tailer.record().status != Status.RUNNING
                 idle = time.monotonic() - last_growth > self.idle_stop_s
                 if (finished or idle) and self._settled():
                     return

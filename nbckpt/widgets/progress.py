@@ -1,20 +1,40 @@
-"""The per-host progress widget: synced traitlets plus a small ES module (anywidget)."""
+"""The per-host progress widget: synced traitlets plus an ES module (anywidget).
+
+The ES module is built from ``labextension/src/widget/progress.ts`` into
+``static/progress.js`` next to this file by the package's build hook (``pip install``
+runs ``jlpm build:prod`` in ``labextension/``); its CSS is ``progress.css``.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anywidget
 import traitlets
 
 from nbckpt.monitor import OperationView, ProcessView
-from nbckpt.widgets._front import CSS, ESM
+from nbckpt.protocol import Kind, Status
 from nbckpt.widgets.text import human_bytes, render_text
 
 if TYPE_CHECKING:
     from nbckpt.widgets.live import LiveUpdater
 
 __all__ = ["ProgressWidget", "rows_from_view", "title_of"]
+
+_HERE = Path(__file__).parent
+#: The built front end; see ``labextension/src/widget/progress.ts``.
+ESM_PATH = _HERE / "static" / "progress.js"
+CSS_PATH = _HERE / "progress.css"
+
+
+def _front_end() -> Path:
+    if not ESM_PATH.is_file():
+        raise FileNotFoundError(
+            f"the progress widget's front end {ESM_PATH} is missing: it is built when the "
+            "package is installed (pip install -e .), or by `jlpm build:widget` in labextension/"
+        )
+    return ESM_PATH
 
 
 def _ms(t: float | None, t0: float | None) -> str:
@@ -33,8 +53,8 @@ def _barrier_cells(p: ProcessView, t0: float | None) -> list[dict[str, Any]]:
             text = f"{b.name} {_ms(b.arrived, t0)} → {_ms(b.released, t0)}"
             if b.waited_for:
                 text += f" (waited for {_who(b.waited_for)})"
-        elif p.status == "failed":
-            state, text = "failed", f"{b.name} {_ms(b.arrived, t0)}, gave up"
+        elif p.status == Status.FAILED:
+            state, text = Status.FAILED.value, f"{b.name} {_ms(b.arrived, t0)}, gave up"
         else:
             state = "waiting"
             text = f"{b.name} {_ms(b.arrived, t0)}, waiting for {_who(b.waiting_for) or '-'}"
@@ -76,7 +96,7 @@ def rows_from_view(view: OperationView) -> list[dict[str, Any]]:
         if p.bytes_total:
             fraction = min(1.0, p.bytes_written / p.bytes_total)
         else:
-            fraction = 1.0 if p.status in ("committed", "restored") else 0.0
+            fraction = 1.0 if p.status in (Status.COMMITTED, Status.RESTORED) else 0.0
         rows.append(
             {
                 "process": p.process,
@@ -85,7 +105,7 @@ def rows_from_view(view: OperationView) -> list[dict[str, Any]]:
                 "bytes_written": p.bytes_written,
                 "bytes_total": p.bytes_total,
                 "fraction": round(fraction, 4),
-                "show_bytes": view.kind in ("save", "restore"),
+                "show_bytes": view.kind in (Kind.SAVE, Kind.RESTORE),
                 "bytes_text": f"{human_bytes(p.bytes_written)} / {human_bytes(p.bytes_total)}",
                 "barriers": _barrier_cells(p, view.start),
                 "end_text": _end_text(p, view.start),
@@ -98,7 +118,7 @@ def rows_from_view(view: OperationView) -> list[dict[str, Any]]:
 
 def title_of(view: OperationView) -> str:
     """A one-line title: what the operation is and its id."""
-    if view.kind == "barrier" or view.step is None:
+    if view.kind == Kind.BARRIER or view.step is None:
         what = view.kind if view.processes else "waiting for the journal of"
     else:
         what = f"{view.kind} of step {view.step}"
@@ -125,11 +145,11 @@ class ProgressWidget(anywidget.AnyWidget):
     only shows state; it never talks to the engines.
     """
 
-    _esm = ESM
-    _css = CSS
+    _esm = _front_end()
+    _css = CSS_PATH
     op = traitlets.Unicode("").tag(sync=True)
     title = traitlets.Unicode("").tag(sync=True)
-    status = traitlets.Unicode("running").tag(sync=True)
+    status = traitlets.Unicode(Status.RUNNING.value).tag(sync=True)
     rows = traitlets.List(traitlets.Dict()).tag(sync=True)
     #: The updater that keeps this widget live (None once built from a finished journal).
     live: LiveUpdater | None = None

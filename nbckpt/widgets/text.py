@@ -11,6 +11,7 @@ from tqdm import tqdm
 
 from nbckpt.journal import list_operations
 from nbckpt.monitor import JournalTailer, OperationView, ProcessView
+from nbckpt.protocol import Kind, Status
 
 __all__ = ["FollowNew", "TextProgress", "follow_text", "human_bytes", "render_text"]
 
@@ -30,7 +31,7 @@ def _where(p: ProcessView) -> str:
     if b is not None:
         missing = ", ".join(map(str, b.waiting_for))
         return f"{p.phase} (waiting for {missing})" if missing else p.phase
-    if p.status == "failed":
+    if p.status == Status.FAILED:
         return f"failed during {p.error_phase or '?'}: {p.error}"
     return p.phase
 
@@ -146,7 +147,7 @@ class FollowNew:
     root
         The checkpoint root to watch.
     kind
-        The operation kind to follow (``"save"``).
+        The operation kind to follow (default: saves, :attr:`~nbckpt.protocol.Kind.SAVE`).
     file
         Where to draw (default ``sys.stderr``).
     interval_s
@@ -156,7 +157,7 @@ class FollowNew:
     def __init__(
         self,
         root: str | os.PathLike[str],
-        kind: str = "save",
+        kind: str = Kind.SAVE,
         *,
         file: IO[str] | None = None,
         interval_s: float = 0.25,
@@ -199,7 +200,7 @@ class FollowNew:
                 tailer.poll()
                 view = tailer.view()
                 bars.update(view)
-                if view.status != "running" or stopping:
+                if view.status != Status.RUNNING or stopping:
                     bars.close()
                     current = None
                     continue  # look for the next one at once

@@ -10,22 +10,31 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from nbckpt.journal import OperationRecord, PhaseSpan, read_operation
+from nbckpt.protocol import BARRIER_PREFIX, Event, Kind, Phase, Status
 
 __all__ = ["PHASE_COLORS", "plot_timeline"]
 
+#: The colour key (and legend word) shared by every barrier wait, ``barrier:<name>``.
+_BARRIER = BARRIER_PREFIX.removesuffix(":")
+
 #: Fill colour of each phase; every barrier is drawn hatched in the barrier colour.
-PHASE_COLORS = {
-    "snapshot": "#d62728",
-    "write": "#1f77b4",
-    "finalize": "#9467bd",
-    "read": "#17becf",
-    "barrier": "#f2b701",
+PHASE_COLORS: dict[str, str] = {
+    Phase.SNAPSHOT: "#d62728",
+    Phase.WRITE: "#1f77b4",
+    Phase.FINALIZE: "#9467bd",
+    Phase.READ: "#17becf",
+    _BARRIER: "#f2b701",
 }
-_BLOCKING = {"snapshot"}  # what ``save`` waits for before it returns
+_BLOCKING: set[str] = {Phase.SNAPSHOT}  # what ``save`` waits for before it returns
+
+
+def _key(name: str) -> str:
+    """The colour key of a phase: its name, or the barrier key for a barrier wait."""
+    return _BARRIER if name.startswith(BARRIER_PREFIX) else name
 
 
 def _color(name: str) -> str:
-    return PHASE_COLORS.get(name.split(":")[0], "#7f7f7f")
+    return PHASE_COLORS.get(_key(name), "#7f7f7f")
 
 
 def _load(source: OperationRecord | str | os.PathLike[str], op: str | None) -> OperationRecord:
@@ -39,8 +48,8 @@ def _load(source: OperationRecord | str | os.PathLike[str], op: str | None) -> O
 def _draw_span(ax: object, y: float, span: PhaseSpan, t0: float, end: float, p: int) -> None:
     x0 = span.start - t0
     width = max((span.end if span.end is not None else end) - span.start, 1e-4)
-    barrier = span.name.startswith("barrier:")
-    failed = span.status == "failed"
+    barrier = span.name.startswith(BARRIER_PREFIX)
+    failed = span.status == Status.FAILED
     ax.broken_barh(  # type: ignore[attr-defined]
         [(x0, width)],
         (y - 0.35, 0.7),
@@ -119,14 +128,14 @@ def plot_timeline(
         rec = record.processes[p]
         for span in rec.phases:
             _draw_span(ax, p, span, t0, t_end, p)
-        if rec.status == "failed":
-            failed = [s for s in rec.phases if s.status == "failed"] or rec.phases
+        if rec.status == Status.FAILED:
+            failed = [s for s in rec.phases if s.status == Status.FAILED] or rec.phases
             last = max(failed, key=lambda s: s.start) if failed else None
             x = ((last.end or t_end) if last else t_end) - t0
             ax.plot([x], [p], marker="X", color="#c62828", markersize=9, gid=f"failed:{p}")
-            msg = textwrap.shorten(rec.error or "failed", 70, placeholder="…")
+            msg = textwrap.shorten(rec.error or Status.FAILED, 70, placeholder="…")
             ax.annotate(
-                f"{last.name if last else 'failed'}: {msg}",
+                f"{last.name if last else Status.FAILED}: {msg}",
                 (x, p + 0.36),
                 ha="right",
                 va="top",
@@ -139,7 +148,7 @@ def plot_timeline(
     exits: dict[str, float] = {}
     for rec in record.processes.values():
         for e in rec.events:
-            if e.get("event") == "barrier_exit":
+            if e.get("event") == Event.BARRIER_EXIT:
                 name = str(e.get("name"))
                 exits[name] = min(exits.get(name, float("inf")), float(e["t"]))
     for name, t in exits.items():
@@ -159,22 +168,22 @@ def plot_timeline(
     ax.set_ylim(len(procs) - 0.2, -0.8)
     ax.set_xlim(left=0, right=max(t_end - t0, 1e-3) * 1.05)
     ax.set_xlabel("seconds since the request")
-    what = f"{record.kind} of step {record.step}" if record.kind != "barrier" else "barrier"
+    what = f"{record.kind} of step {record.step}" if record.kind != Kind.BARRIER else Kind.BARRIER
     ax.set_title(f"{what}: {record.status}  ({record.op})", fontsize=10, loc="left", pad=40)
     ax.grid(axis="x", alpha=0.3)
-    names = sorted({s.name.split(":")[0] for r in record.processes.values() for s in r.phases})
+    names = sorted({_key(s.name) for r in record.processes.values() for s in r.phases})
     handles = [
         Patch(
             facecolor=_color(n),
-            hatch="////" if n == "barrier" else None,
-            alpha=0.55 if n == "barrier" else 0.85,
-            label=("barrier wait" if n == "barrier" else n)
+            hatch="////" if n == _BARRIER else None,
+            alpha=0.55 if n == _BARRIER else 0.85,
+            label=(f"{_BARRIER} wait" if n == _BARRIER else n)
             + (" (blocking)" if n in _BLOCKING else ""),
         )
         for n in names
     ]
-    if any(r.status == "failed" for r in record.processes.values()):
-        handles.append(Patch(facecolor="white", edgecolor="#c62828", lw=2, label="failed"))
+    if any(r.status == Status.FAILED for r in record.processes.values()):
+        handles.append(Patch(facecolor="white", edgecolor="#c62828", lw=2, label=Status.FAILED))
     if handles:
         ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
     if save is not None:

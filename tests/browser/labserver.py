@@ -119,3 +119,25 @@ def lab_page(url: str) -> Iterator[Any]:
             yield page
         finally:
             browser.close()
+
+
+def run_command(page: Any, label: str, attempts: int = 5) -> None:
+    """Run a JupyterLab command from the command palette.
+
+    Right after JupyterLab loads, the launcher (or a restored document) takes the focus
+    and closes a palette opened meanwhile; so open it again until the command runs.
+    """
+    from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
+
+    palette = page.locator(".lm-CommandPalette-input")
+    item = page.locator(".lm-CommandPalette-item", has_text=label).first
+    for _ in range(attempts):
+        if not palette.is_visible():
+            page.keyboard.press("Control+Shift+C")
+        try:
+            palette.fill(label, timeout=5_000)
+            item.click(timeout=5_000)
+            return
+        except PlaywrightTimeoutError:
+            continue
+    raise TimeoutError(f"could not run {label!r} from the command palette")

@@ -19,7 +19,7 @@ import pytest
 
 from nbckpt.layout import TMP_SUFFIX, all_steps
 from nbckpt.procgroup import ProcessGroup
-from tests.browser.labserver import ARTIFACTS, REPO, lab_page, running_lab
+from tests.browser.labserver import ARTIFACTS, REPO, lab_page, run_command, running_lab
 
 pytestmark = [pytest.mark.browser, pytest.mark.multihost]
 
@@ -54,10 +54,7 @@ def test_sidebar_shows_states_and_timelines(lab: str, server_root: Path) -> None
 
     with lab_page(lab) as page:
         # The command-palette entry opens the sidebar.
-        page.keyboard.press("Control+Shift+C")
-        palette = page.locator(".lm-CommandPalette-input")
-        palette.fill("Open Checkpoints Sidebar")
-        page.locator(".lm-CommandPalette-item", has_text="Open Checkpoints Sidebar").click()
+        run_command(page, "Open Checkpoints Sidebar")
         sidebar = page.locator("#nbckpt-sidebar")
         expect(sidebar).to_be_visible()
 

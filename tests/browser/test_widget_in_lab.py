@@ -16,7 +16,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from tests.browser.labserver import ARTIFACTS, lab_page, running_lab
+from tests.browser.labserver import ARTIFACTS, lab_page, run_command, running_lab
 
 pytestmark = [pytest.mark.browser, pytest.mark.multihost]
 
@@ -52,13 +52,6 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
         yield f"{base}/lab/tree/live.ipynb?token={token}", root
 
 
-def _command(page, label: str) -> None:
-    """Run a JupyterLab command from the command palette."""
-    page.keyboard.press("Control+Shift+C")
-    page.locator(".lm-CommandPalette-input").fill(label)
-    page.locator(".lm-CommandPalette-item", has_text=label).first.click()
-
-
 def test_save_widget_reaches_committed_on_every_row(lab: tuple[str, Path]) -> None:
     from playwright.sync_api import expect
 
@@ -71,7 +64,7 @@ def test_save_widget_reaches_committed_on_every_row(lab: tuple[str, Path]) -> No
         )
         # Run every cell above the last one (which stops the cluster).
         cells.nth(len(CELLS) - 1).locator(".jp-InputArea-prompt").click()
-        _command(page, "Run All Above Selected Cell")
+        run_command(page, "Run All Above Selected Cell")
 
         widget = page.locator(".nbckpt-w")
         expect(widget).to_be_visible(timeout=90_000)
@@ -99,7 +92,7 @@ def test_save_widget_reaches_committed_on_every_row(lab: tuple[str, Path]) -> No
 
         # Leave no engines behind: run the last cell.
         cells.nth(len(CELLS) - 1).locator(".jp-InputArea-prompt").click()
-        _command(page, "Run Selected Cell")
+        run_command(page, "Run Selected Cell")
         expect(page.locator(".jp-OutputArea-output", has_text="cluster stopped")).to_be_visible(
             timeout=60_000
         )
