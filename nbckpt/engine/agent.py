@@ -29,6 +29,7 @@ from nbckpt.protocol import (
     barrier_phase,
     check_name,
     check_timeout,
+    parse_op_id,
 )
 
 __all__ = [
@@ -146,12 +147,12 @@ def restore_var(
     tree = ckptr.restore_from(target, step, key=key, timeout_s=timeout_s, cast=cast)
     jax.block_until_ready(tree)
     namespace[var] = tree
-    parsed = ckptr.last_op.rsplit("-", 1)[1] if ckptr.last_op else None
+    parsed = parse_op_id(ckptr.last_op) if ckptr.last_op else None
     return {
         "process": ckptr.process_index,
         "op": ckptr.last_op,
         "seconds": time.perf_counter() - t0,
-        "step": int(parsed) if parsed is not None else step,
+        "step": parsed.step if parsed is not None else step,
     }
 
 
