@@ -99,7 +99,7 @@ class SaveHandle:
         return read_operation(self.root, self.op)
 
     def status(self) -> str:
-        """``"running"``, ``"committed"`` or ``"failed"``."""
+        """:class:`~nbckpt.protocol.Status` ``RUNNING``, ``COMMITTED`` or ``FAILED``."""
         return self.record().status
 
     def done(self) -> bool:
@@ -171,7 +171,7 @@ def _failure(rec: OperationRecord, root: str) -> SaveFailedError:
     """
     failed = {p: r for p, r in rec.processes.items() if r.status == Status.FAILED}
     events = {p: _failed_event(r) for p, r in failed.items()}
-    errors = {p: r.error or "failed" for p, r in failed.items()}
+    errors = {p: r.error or str(Status.FAILED) for p, r in failed.items()}
     causes = {p: errors[p] for p in failed if events[p].get("cause", Cause.ERROR) == Cause.ERROR}
     if not causes:
         # Every process gave up because of one that journaled nothing (it died, or
