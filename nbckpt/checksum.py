@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from nbckpt.layout import CHECKSUMS_DIR
+
 __all__ = [
     "ALGORITHMS",
     "ALGORITHM_KEY",
@@ -47,9 +49,6 @@ CRC32C = "crc32c"
 ALGORITHMS = (CRC32, CRC32C)
 #: The entry of a checksums file that names its algorithm.
 ALGORITHM_KEY = "#algorithm"
-#: The checksums directory inside a step (the same name as ``nbckpt.layout.CHECKSUMS_DIR``;
-#: spelled out here so that this module stays import-free of the rest of nbckpt).
-_CHECKSUMS_DIR = "_CHECKSUMS"
 
 #: Leaf name -> zarr chunk key -> (algorithm, checksum), merged over every process.
 Recorded = dict[str, dict[str, tuple[str, int]]]
@@ -167,7 +166,7 @@ def read_checksums(step_path: str | os.PathLike[str]) -> Recorded | None:
     ValueError
         If one is not valid JSON of the expected shape, or names an unknown algorithm.
     """
-    files = sorted((Path(step_path) / _CHECKSUMS_DIR).glob("process_*.json"))
+    files = sorted((Path(step_path) / CHECKSUMS_DIR).glob("process_*.json"))
     if not files:
         return None
     merged: Recorded = {}

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any, Literal
 
@@ -51,6 +52,7 @@ __all__ = [
     "parse_step",
     "read_metadata",
     "read_owner",
+    "remove_aside",
     "step_dir",
     "tmp_dir",
     "write_durable",
@@ -223,6 +225,21 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def remove_aside(path: str | os.PathLike[str]) -> None:
+    """Delete a directory of nbckpt's, never leaving it half removed under its name.
+
+    It is first renamed to ``<name>.nbckpt-deleting`` (out of every reader's view,
+    atomically) and that is made durable; then it is removed.
+    """
+    p = Path(path)
+    doomed = p.with_name(f"{p.name}{DELETING_SUFFIX}")
+    if doomed.exists():
+        shutil.rmtree(doomed)  # a removal of ours that did not finish
+    os.rename(p, doomed)
+    fsync_dir(p.parent)
+    shutil.rmtree(doomed)
 
 
 def fsync_tree_dirs(path: str | os.PathLike[str]) -> None:

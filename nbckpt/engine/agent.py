@@ -39,9 +39,7 @@ __all__ = [
     "info",
     "initialize",
     "pick_port",
-    "restore",
     "restore_var",
-    "save",
     "save_var",
     "shutdown",
     "status",
@@ -110,11 +108,6 @@ def save_var(
     }
 
 
-def save(tree: Any, step: int, root: str, **options: Any) -> dict[str, Any]:
-    """Start saving ``tree``: :func:`save_var` for a value in hand."""
-    return save_var({"tree": tree}, "tree", step, root, **options)
-
-
 def restore_var(
     namespace: dict[str, Any],
     var: str,
@@ -154,15 +147,6 @@ def restore_var(
         "seconds": time.perf_counter() - t0,
         "step": parsed.step if parsed is not None else step,
     }
-
-
-def restore(
-    root: str, step: int | None, like: Any = None, **options: Any
-) -> tuple[Any, dict[str, Any]]:
-    """Restore ``step`` shaped like ``like``: :func:`restore_var` returning the tree."""
-    namespace = {} if like is None else {"tree": like}
-    info = restore_var(namespace, "tree", root, step, **options)
-    return namespace["tree"], info
 
 
 def barrier(

@@ -23,6 +23,7 @@ from nbckpt.layout import (
     COMMIT_FILE,
     DELETING_SUFFIX,
     fsync_dir,
+    remove_aside,
     step_dir,
     tmp_dir,
     write_durable,
@@ -70,16 +71,6 @@ def _final_problem(final: Path, force: bool) -> dict[str, str] | None:
     if state in ("complete", "corrupt") and not force:
         return {"kind": "exists", "path": str(final)}
     return None
-
-
-def _remove_aside(path: Path) -> None:
-    """Delete a directory of ours: rename it out of every reader's view, then remove it."""
-    doomed = path.with_name(f"{path.name}{DELETING_SUFFIX}")
-    if doomed.exists():
-        shutil.rmtree(doomed)
-    os.rename(path, doomed)
-    fsync_dir(path.parent)
-    shutil.rmtree(doomed)
 
 
 _RENAME_EXCHANGE = 2
@@ -174,7 +165,7 @@ class CommitFileCommit:
         work = self.work_dir(root, step)
         if work.exists():
             # Only an uncommitted attempt of ours gets here (see problem()).
-            _remove_aside(work)
+            remove_aside(work)
         work.mkdir(parents=True)
         return work
 

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 
-from nbckpt.layout import DELETING_SUFFIX, all_steps, fsync_dir, step_dir
+from nbckpt.layout import all_steps, remove_aside, step_dir
 
 __all__ = ["apply_retention"]
 
@@ -26,8 +24,5 @@ def apply_retention(root: Path, keep: int) -> list[int]:
     steps = all_steps(root)
     doomed_steps = steps[: max(0, len(steps) - keep)]
     for step in doomed_steps:
-        doomed = step_dir(root, step).with_name(f"{step}{DELETING_SUFFIX}")
-        os.rename(step_dir(root, step), doomed)
-        fsync_dir(root)
-        shutil.rmtree(doomed)
+        remove_aside(step_dir(root, step))
     return doomed_steps
