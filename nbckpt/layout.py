@@ -4,6 +4,8 @@ A root holds::
 
     <root>/<step>/                    a step (complete, see below)
     <root>/<step>/_NBCKPT_OWNER       written first by the save that created the directory
+    <root>/<step>/_NBCKPT_METADATA    nbckpt's metadata: leaves, mode, op, processes, times
+    <root>/<step>/_METADATA, _sharding   Orbax's tree metadata, so Orbax can restore the step
     <root>/<step>/_CHECKSUMS/         checksum of every chunk, one file per process
     <root>/<step>.nbckpt-tmp/         a save in progress, or one that was abandoned
     <root>/<step>.nbckpt-deleting/    a step being removed by retention
@@ -36,6 +38,7 @@ __all__ = [
     "COMMIT_FILE",
     "DELETING_SUFFIX",
     "FORMAT",
+    "LEGACY_METADATA_FILE",
     "METADATA_FILE",
     "OWNER_FILE",
     "STATE_DIR",
@@ -48,6 +51,7 @@ __all__ = [
     "fsync_tree_dirs",
     "is_complete",
     "latest_step",
+    "metadata_path",
     "ops_dir",
     "parse_step",
     "read_metadata",
@@ -61,7 +65,11 @@ __all__ = [
 
 TMP_SUFFIX = ".nbckpt-tmp"
 DELETING_SUFFIX = ".nbckpt-deleting"
-METADATA_FILE = "_CHECKPOINT_METADATA"
+#: nbckpt's own step metadata. Its name is nbckpt's alone: Orbax writes a file named
+#: ``_CHECKPOINT_METADATA`` with other contents into its steps.
+METADATA_FILE = "_NBCKPT_METADATA"
+#: Where steps saved before nbckpt 0.2 keep the same metadata (read, never written).
+LEGACY_METADATA_FILE = "_CHECKPOINT_METADATA"
 COMMIT_FILE = "commit_success.txt"
 #: Per-process checksum of every chunk written (CRC-32C; zlib CRC-32 in older steps, see
 #: :mod:`nbckpt.checksum`), ``<step>/_CHECKSUMS/process_<i>.json``.
@@ -99,14 +107,43 @@ def parse_step(name: str) -> int | None:
     return None
 
 
-def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """Return the parsed metadata of a step directory, or None if absent or unreadable."""
+def _read_json(path: Path) -> dict[str, Any] | None:
     try:
-        with open(Path(path) / METADATA_FILE, encoding="utf-8") as f:
+        with open(path, encoding="utf-8") as f:
             data = json.load(f)
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def metadata_path(path: str | os.PathLike[str]) -> Path:
+    """Return the file that holds (or would hold) nbckpt's metadata of a step directory.
+
+    ``_NBCKPT_METADATA``, or ``_CHECKPOINT_METADATA`` for a step saved before the rename
+    whose file is there and nbckpt's (Orbax uses that name too, for other contents).
+    """
+    p = Path(path)
+    new = p / METADATA_FILE
+    if new.exists():
+        return new
+    legacy = p / LEGACY_METADATA_FILE
+    data = _read_json(legacy)
+    return legacy if data is not None and data.get("format") == FORMAT else new
+
+
+def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """Return nbckpt's parsed metadata of a step directory, or None if absent or unreadable.
+
+    Reads ``_NBCKPT_METADATA``, or, for steps saved before it was named so,
+    ``_CHECKPOINT_METADATA`` when that file is nbckpt's (an Orbax step's file of that
+    name is not nbckpt metadata, and gives None).
+    """
+    p = Path(path)
+    data = _read_json(p / METADATA_FILE)
+    if data is not None:
+        return data
+    legacy = _read_json(p / LEGACY_METADATA_FILE)
+    return legacy if legacy is not None and legacy.get("format") == FORMAT else None
 
 
 def write_durable(path: str | os.PathLike[str], text: str) -> None:

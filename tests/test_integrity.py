@@ -17,7 +17,7 @@ from nbckpt.engine.restore import restore_step
 from nbckpt.engine.storage import chunk_shape
 from nbckpt.errors import CorruptCheckpointError
 from nbckpt.fsck import verify_step
-from nbckpt.layout import CHECKSUMS_DIR
+from nbckpt.layout import CHECKSUMS_DIR, all_steps
 
 T = "tests.test_integrity"
 
@@ -182,12 +182,14 @@ def test_a_step_without_checksums_restores_unverified(tmp_path, small_chunks):
     import shutil
 
     step = _save(tmp_path)
-    # A step saved before checksums existed: no _CHECKSUMS, and metadata that says none.
+    # A step saved before checksums existed: no _CHECKSUMS, and metadata that says none,
+    # under the name it had then (_CHECKPOINT_METADATA).
     shutil.rmtree(step / CHECKSUMS_DIR)
-    meta_path = step / "_CHECKPOINT_METADATA"
-    meta = json.loads(meta_path.read_text())
+    meta = json.loads((step / "_NBCKPT_METADATA").read_text())
     del meta["checksums"]
-    meta_path.write_text(json.dumps(meta))
+    (step / "_NBCKPT_METADATA").unlink()
+    (step / "_CHECKPOINT_METADATA").write_text(json.dumps(meta))
+    assert all_steps(tmp_path) == [1]
     _flip(step / "w" / "0.0", at=0)
     out = AsyncCheckpointer(tmp_path).restore(1)  # nothing recorded, nothing to check
     assert not _same(out["w"], _state()["w"])

@@ -70,7 +70,7 @@ def test_manager_lists_states_and_operations(server_root: Path) -> None:
         ("/etc", ForbiddenPathError),
         ("~", ForbiddenPathError),
         ("nope", NotFoundError),
-        ("runs/ckpt/10/_CHECKPOINT_METADATA", NotFoundError),
+        ("runs/ckpt/10/_NBCKPT_METADATA", NotFoundError),
     ],
 )
 def test_manager_confines_roots(server_root: Path, root: str | None, error: type) -> None:

@@ -45,7 +45,7 @@ from nbckpt.engine.tree import (
 from nbckpt.engine.writer import chunk_key, chunk_regions
 from nbckpt.errors import CorruptCheckpointError, NbckptError
 from nbckpt.journal import JournalWriter
-from nbckpt.layout import CHECKSUMS_DIR, read_metadata
+from nbckpt.layout import CHECKSUMS_DIR, metadata_path, read_metadata
 from nbckpt.protocol import Event
 
 __all__ = ["aligned_empty", "default_sharding", "restore_step"]
@@ -418,7 +418,7 @@ def restore_step(
     """
     meta = read_metadata(directory)
     if meta is None:
-        raise NbckptError(f"cannot read {directory}/_CHECKPOINT_METADATA; run fsck on the root")
+        raise NbckptError(f"cannot read {metadata_path(directory)}; run fsck on the root")
     by_name = {m["name"]: m for m in meta["leaves"]}
     recorded = _recorded(directory) if verify else None
     if verify and recorded is None and meta.get("checksums"):

@@ -10,7 +10,13 @@ import jax
 import numpy as np
 
 from nbckpt.engine.storage import dtype_supported
-from nbckpt.layout import CHECKSUMS_DIR, COMMIT_FILE, METADATA_FILE, OWNER_FILE
+from nbckpt.layout import (
+    CHECKSUMS_DIR,
+    COMMIT_FILE,
+    LEGACY_METADATA_FILE,
+    METADATA_FILE,
+    OWNER_FILE,
+)
 
 __all__ = [
     "NAME_MAX",
@@ -71,7 +77,18 @@ NAME_MAX = 255
 #: Names a step directory already uses for its own files (``nbckpt.layout``), lower
 #: case: a leaf by one of these names would overwrite them, or be overwritten.
 RESERVED_NAMES = frozenset(
-    n.lower() for n in (METADATA_FILE, CHECKSUMS_DIR, OWNER_FILE, COMMIT_FILE)
+    n.lower()
+    for n in (
+        METADATA_FILE,
+        LEGACY_METADATA_FILE,
+        CHECKSUMS_DIR,
+        OWNER_FILE,
+        COMMIT_FILE,
+        # Orbax's records, which every step carries too (nbckpt.formats.orbax).
+        "_METADATA",
+        "_sharding",
+        "array_metadatas",
+    )
 )
 
 
@@ -176,7 +193,7 @@ def flatten(tree: Any) -> list[Leaf]:
     ValueError
         If the tree cannot be flattened (a dict mixes key types), if a leaf's on-disk
         name is longer than :data:`NAME_MAX` bytes or is one the step directory uses
-        itself (``_CHECKPOINT_METADATA``, ...), or if two leaves get names that differ
+        itself (``_NBCKPT_METADATA``, ``_METADATA``, ...), or if two leaves get names that differ
         at most in letter case: they would be one directory on a case-insensitive
         filesystem (macOS, Windows, SMB shares), or once the step is copied to one,
         and one leaf would silently replace the other.
