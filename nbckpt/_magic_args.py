@@ -18,7 +18,7 @@ import math
 import shlex
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
 from IPython.core.error import UsageError
@@ -33,6 +33,7 @@ from nbckpt.protocol import (
     check_name,
     check_timeout,
 )
+from nbckpt.retention import RetentionPolicy, check_metrics
 
 __all__ = [
     "BARRIER",
@@ -55,7 +56,10 @@ __all__ = [
     "LsArgs",
     "MagicArgs",
     "OpArgs",
+    "RETENTION",
     "RestoreArgs",
+    "RetentionArgs",
+    "SAVE_FORMATS",
     "SaveArgs",
     "TimelineArgs",
     "parse_barrier_args",
@@ -64,6 +68,7 @@ __all__ = [
     "parse_fsck_args",
     "parse_ls_args",
     "parse_restore_args",
+    "parse_retention_args",
     "parse_save_args",
     "parse_show_args",
     "parse_status_args",
@@ -332,6 +337,9 @@ def parse_cluster_args(line: str) -> ClusterArgs:
         )
 
 
+#: The on-disk formats ``%ckpt_save --format`` offers (``AsyncCheckpointer.save(format=)``).
+SAVE_FORMATS: Final = ("nbckpt", "orbax")
+
 SAVE: Final = MagicArgs(
     "ckpt_save",
     argument("var", metavar="VAR", help="name of the pytree in every engine's namespace"),
@@ -347,6 +355,20 @@ SAVE: Final = MagicArgs(
     argument("--force", action="store_true", help="replace the step if it exists"),
     timeout_arg(DEFAULT_SAVE_TIMEOUT_S, "barrier deadline"),
     argument("--quiet", action="store_true", help="do not show the live per-process progress"),
+    argument(
+        "--format",
+        choices=list(SAVE_FORMATS),
+        default="nbckpt",
+        help="on-disk format: nbckpt's zarr arrays (Orbax reads them too), or Orbax's "
+        "default OCDBT database, as Orbax itself writes it",
+    ),
+    argument(
+        "--metric",
+        action="append",
+        metavar="NAME=VALUE",
+        help="a number to record with the step, e.g. loss=0.31 (repeatable); "
+        "%%ckpt_retention --best keeps the best steps by one",
+    ),
 )
 
 
@@ -362,6 +384,28 @@ class SaveArgs:
     force: bool
     timeout_s: float
     quiet: bool
+    format: str = "nbckpt"
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def metrics(items: list[str] | None) -> dict[str, float]:
+    """Return ``["loss=0.31", "acc=0.9"]`` as ``{"loss": 0.31, "acc": 0.9}``, checked."""
+    out: dict[str, float] = {}
+    for item in items or []:
+        name, eq, text = item.partition("=")
+        if not eq or not name.strip():
+            raise ValueError(f"--metric takes NAME=VALUE, such as loss=0.31; got {item!r}")
+        try:
+            value = float(text) if text.isascii() else math.nan
+        except ValueError:
+            value = math.nan
+        if name in out:
+            raise ValueError(f"--metric {name} is given twice")
+        out[name] = value
+    try:
+        return check_metrics(out)
+    except ValueError as e:
+        raise ValueError(f"--metric: {e}") from None
 
 
 def parse_save_args(line: str) -> SaveArgs:
@@ -377,6 +421,8 @@ def parse_save_args(line: str) -> SaveArgs:
             force=ns.force,
             timeout_s=seconds(ns.timeout, "--timeout"),
             quiet=ns.quiet,
+            format=ns.format,
+            metrics=metrics(ns.metric),
         )
 
 
@@ -636,3 +682,54 @@ def parse_timeline_args(line: str) -> TimelineArgs:
         if ns.save is not None and not ns.save.lower().endswith(".png"):
             raise ValueError(f"--save writes PNG: give a file ending in .png, got {ns.save!r}")
         return TimelineArgs(op=operation(ns.op), directory=directory(ns.dir), save=ns.save)
+
+
+RETENTION: Final = MagicArgs(
+    "ckpt_retention",
+    DIR_ARG,
+    argument("--max-to-keep", metavar="N", help="keep the newest N steps"),
+    argument("--keep-period", metavar="K", help="also keep every multiple of K, for good"),
+    argument("--best", metavar="N", help="also keep the best N steps by --metric"),
+    argument("--metric", metavar="NAME", help="the metric recorded with %%ckpt_save --metric"),
+    argument(
+        "--best-mode",
+        choices=["min", "max"],
+        default="min",
+        help="min: smaller is better (a loss); max: larger is better (default min)",
+    ),
+    argument("--interval", metavar="K", help="should_save(step) says yes every K steps"),
+    argument("--keep-all", action="store_true", help="remove the policy: keep every step"),
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RetentionArgs:
+    """``%ckpt_retention``: the root, and its new policy (None: only show the current one)."""
+
+    directory: str | None
+    policy: RetentionPolicy | None
+
+
+def parse_retention_args(line: str) -> RetentionArgs:
+    """Parse and check ``%ckpt_retention``'s line; raise UsageError if anything is wrong."""
+    ns = RETENTION.parse(line)
+    with RETENTION.checking():
+        counts = {
+            "max_to_keep": ns.max_to_keep,
+            "keep_period": ns.keep_period,
+            "best_n": ns.best,
+            "save_interval_steps": ns.interval,
+        }
+        flags = {"max_to_keep": "--max-to-keep", "keep_period": "--keep-period"}
+        flags.update(best_n="--best", save_interval_steps="--interval")
+        given = {k: whole(v, flags[k], low=1) for k, v in counts.items() if v is not None}
+        if ns.keep_all and (given or ns.metric is not None):
+            raise ValueError("--keep-all removes the policy; give it alone")
+        if ns.keep_all:
+            return RetentionArgs(directory=directory(ns.dir), policy=RetentionPolicy())
+        if not given and ns.metric is None:
+            return RetentionArgs(directory=directory(ns.dir), policy=None)
+        if (ns.best is None) != (ns.metric is None):
+            raise ValueError("--best N and --metric NAME go together (e.g. --best 3 --metric loss)")
+        policy = RetentionPolicy(**given, best_metric=ns.metric, best_mode=ns.best_mode)
+        return RetentionArgs(directory=directory(ns.dir), policy=policy)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from nbckpt.protocol import (
     Status,
     check_timeout,
 )
+from nbckpt.retention import RetentionPolicy, check_metrics
 
 __all__ = [
     "BarrierReport",
@@ -277,18 +279,26 @@ class CheckpointClient:
         mode: Mode = "rename",
         force: bool = False,
         timeout_s: float = DEFAULT_SAVE_TIMEOUT_S,
+        metrics: Mapping[str, float] | None = None,
+        format: str = "nbckpt",
     ) -> SaveHandle:
         """Start saving the engines' variable ``var`` as ``step``; return at once.
+
+        ``metrics`` are numbers recorded with the step (``{"loss": 0.31}``), by which
+        :meth:`retention` may keep the best steps; ``format`` is ``"nbckpt"`` (zarr
+        arrays that Orbax reads too) or ``"orbax"`` (Orbax's own OCDBT layout).
 
         Raises
         ------
         ValueError
-            If ``timeout_s`` is not a positive number of seconds (nothing is sent).
+            If ``timeout_s`` is not a positive number of seconds, or a metric is not a
+            finite number under a valid name (nothing is sent).
         ClusterError
             If an engine refused (unknown variable, existing step, unwritable root,
             unsupported leaf, or the previous save's failure); it names the processes.
         """
         timeout_s = check_timeout(timeout_s, "timeout_s")
+        checked = check_metrics(metrics)
         self.cluster.check_alive()  # a dead engine: one clear line, before anything is sent
         root = self.root(directory)
         acknowledged = tuple(sorted(self._acknowledged))
@@ -304,6 +314,8 @@ class CheckpointClient:
                 "timeout_s": timeout_s,
                 "acknowledged": acknowledged,
                 "key": _call_key(),
+                "metrics": checked,
+                "format": format,
             },
             timeout_s=timeout_s + 60,
         )
@@ -379,6 +391,39 @@ class CheckpointClient:
             what=f"restore of {var!r}",
             timeout_s=None,
         )
+
+    def retention(
+        self,
+        policy: RetentionPolicy | None = None,
+        *,
+        directory: str | os.PathLike[str] | None = None,
+    ) -> dict[str, Any]:
+        """Set the retention policy of a root on every engine (None: only read it).
+
+        The primary applies it after each commit from then on, removing only steps
+        nbckpt created. Returns ``{"policy": ..., "text": ..., "root": ...}`` as
+        process 0 holds it.
+        """
+        self.cluster.check_alive()
+        root = self.root(directory)
+        fields = None if policy is None else policy.as_dict()
+        results = self.cluster.apply(
+            f"{AGENT}:set_retention", root, fields, what="retention policy", timeout_s=60
+        )
+        return dict(results[0])
+
+    def should_save(self, step: int, *, directory: str | os.PathLike[str] | None = None) -> bool:
+        """Tell whether ``step`` is due for a save under the root's retention policy.
+
+        False if the root already holds a complete step at or after ``step``; otherwise
+        True when the policy's ``save_interval_steps`` is unset or divides ``step``.
+        """
+        self.cluster.check_alive()
+        root = self.root(directory)
+        answers = self.cluster.apply(
+            f"{AGENT}:should_save", root, step, what="should_save", timeout_s=60
+        )
+        return bool(answers[0])
 
     def barrier(
         self,

@@ -149,6 +149,8 @@ class NbckptMagics(Magics):
                 mode=args.mode,
                 force=args.force,
                 timeout_s=args.timeout_s,
+                metrics=args.metrics,
+                format=args.format,
             )
         bars = None if args.quiet else self.views.follow(handle.root, handle.op, text=args.wait)
         if not args.wait:
@@ -269,6 +271,24 @@ class NbckptMagics(Magics):
             return
         for p, faults in sorted(armed.items()):
             print(f"process {p}: {', '.join(faults) if faults else 'no faults'}")
+
+    @a.RETENTION
+    @line_magic
+    def ckpt_retention(self, line: str) -> None:
+        """Show or set which steps a checkpoint directory keeps, as Orbax users know it.
+
+        After each commit the primary removes the steps no rule keeps: the newest
+        ``--max-to-keep``, every multiple of ``--keep-period`` (for good), the
+        ``--best`` N by a ``--metric`` recorded with ``%ckpt_save --metric
+        NAME=VALUE``, and always the latest. Only steps nbckpt created are counted or
+        removed, each one crash-safely. ``--interval K`` is what
+        ``get_client().should_save(step)`` follows. Without options, shows the policy.
+        """
+        args = a.parse_retention_args(line)
+        client = self._client()
+        with _usage_errors():
+            res = client.retention(args.policy, directory=args.directory)
+        print(f"{res['root']}: {res['text']}")
 
     @a.FSCK
     @line_magic

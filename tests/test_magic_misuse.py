@@ -49,6 +49,7 @@ PARSERS: dict[str, Callable[[str], Any]] = {
     "ckpt_fsck": a.parse_fsck_args,
     "ckpt_show": a.parse_show_args,
     "ckpt_timeline": a.parse_timeline_args,
+    "ckpt_retention": a.parse_retention_args,
 }
 SPECS = {
     "ckpt_cluster": a.CLUSTER,
@@ -62,6 +63,7 @@ SPECS = {
     "ckpt_fsck": a.FSCK,
     "ckpt_show": a.SHOW,
     "ckpt_timeline": a.TIMELINE,
+    "ckpt_retention": a.RETENTION,
 }
 
 
@@ -78,6 +80,11 @@ def _check_result(magic: str, result: Any) -> None:
     if result is None:
         assert magic in ("ckpt_wait", "ckpt_status")
         return
+    if isinstance(result, a.RetentionArgs) and result.policy is not None:
+        p = result.policy
+        for n in (p.max_to_keep, p.keep_period, p.best_n, p.save_interval_steps):
+            assert n is None or (type(n) is int and n >= 1)
+        assert (p.best_n is None) == (p.best_metric is None)
     if hasattr(result, "directory"):
         assert _valid_dir(result.directory)
     if hasattr(result, "timeout_s"):
@@ -88,6 +95,8 @@ def _check_result(magic: str, result: Any) -> None:
         assert type(result.step) is int and 0 <= result.step <= a.MAX_STEP
     if isinstance(result, a.SaveArgs):
         assert result.mode in MODES
+        assert result.format in a.SAVE_FORMATS
+        assert all(math.isfinite(v) and check_name(k, "metric") for k, v in result.metrics.items())
     if isinstance(result, a.BarrierArgs):
         assert check_name(result.name) == result.name
         if result.processes is not None:
@@ -200,6 +209,13 @@ HOSTILE = [
     "-h",
     "--help",
     "=",
+    "loss=0.3",
+    "loss=nan",
+    "=1",
+    "orbax",
+    "nbckpt",
+    "min",
+    "max",
 ]
 FLAGS = [
     "--step",
@@ -228,6 +244,14 @@ FLAGS = [
     "--st",
     "--ti",
     "--d",
+    "--metric",
+    "--format",
+    "--max-to-keep",
+    "--keep-period",
+    "--best",
+    "--best-mode",
+    "--interval",
+    "--keep-all",
 ]
 token = st.one_of(st.sampled_from(HOSTILE), st.sampled_from(FLAGS), st.text(max_size=8))
 # Tokens joined as a shell would read them back (quoted), or raw (quotes and all).
@@ -265,6 +289,7 @@ GOOD = {
     "ckpt_fsck": "",
     "ckpt_show": "",
     "ckpt_timeline": "",
+    "ckpt_retention": "--max-to-keep 3 --best 2 --metric loss",
 }
 
 

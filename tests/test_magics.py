@@ -195,6 +195,30 @@ def _clear_hooks():
     hooks.clear_hooks()
 
 
+def test_retention_and_metrics_from_the_notebook(ip, cluster, capsys):
+    import json
+
+    from nbckpt.magics import get_client
+
+    root = Path(cluster["root"]) / "kept"
+    ip.run_line_magic("ckpt_retention", f"--dir {root}")
+    assert "keep every step" in capsys.readouterr().out
+    ip.run_line_magic("ckpt_retention", f"--dir {root} --max-to-keep 1 --best 1 --metric loss")
+    assert "the newest 1, the 1 with the lowest loss" in capsys.readouterr().out
+    for step, loss in [(1, 0.5), (2, 0.1), (3, 0.9), (4, 0.7)]:
+        ip.run_line_magic(
+            "ckpt_save", f"state --step {step} --dir {root} --metric loss={loss} --wait --quiet"
+        )
+    assert sorted(int(p.name) for p in root.iterdir() if p.name.isdigit()) == [2, 4]
+    assert json.loads((root / "2" / "_NBCKPT_METADATA").read_text())["metrics"] == {"loss": 0.1}
+    client = get_client()
+    assert not client.should_save(3, directory=root) and client.should_save(5, directory=root)
+    ip.run_line_magic("ckpt_retention", f"--dir {root} --keep-all")
+    assert "keep every step" in capsys.readouterr().out
+    with pytest.raises(UsageError, match="usage: %ckpt_retention"):
+        ip.run_line_magic("ckpt_retention", "--best 2")
+
+
 def test_stop_then_magics_say_how_to_start(ip, cluster, capsys):
     ip.run_line_magic("ckpt_cluster", "stop")
     assert "cluster stopped in" in capsys.readouterr().out

@@ -31,6 +31,7 @@ from nbckpt.protocol import (
     check_timeout,
     parse_op_id,
 )
+from nbckpt.retention import RetentionPolicy
 
 __all__ = [
     "barrier",
@@ -41,6 +42,8 @@ __all__ = [
     "pick_port",
     "restore_var",
     "save_var",
+    "set_retention",
+    "should_save",
     "shutdown",
     "status",
 ]
@@ -84,20 +87,30 @@ def save_var(
     timeout_s: float = DEFAULT_SAVE_TIMEOUT_S,
     acknowledged: tuple[str, ...] = (),
     key: str | None = None,
+    metrics: dict[str, float] | None = None,
+    format: str | None = None,
 ) -> dict[str, Any]:
     """Start saving ``namespace[var]``; return once the snapshot is safe.
 
     A variable missing on this process fails the save on every process at once (no
     one waits out the deadline for it). ``acknowledged`` lists failed operations whose
     error the notebook has shown already, so they are not raised a second time here.
-    ``key`` is the caller's unique id of this call (see ``AsyncCheckpointer.save``).
+    ``key`` is the caller's unique id of this call; ``metrics`` and ``format`` are as
+    for ``AsyncCheckpointer.save``.
     """
     timeout_s = check_timeout(timeout_s, "timeout_s")
     ckptr = _checkpointer(root)
     _settle(ckptr, acknowledged)
     t0 = time.perf_counter()
     ckptr.save_from(
-        lambda: _lookup(namespace, var), step, force=force, key=key, mode=mode, timeout_s=timeout_s
+        lambda: _lookup(namespace, var),
+        step,
+        force=force,
+        key=key,
+        mode=mode,
+        timeout_s=timeout_s,
+        metrics=metrics,
+        format=format,
     )
     return {
         "process": ckptr.process_index,
@@ -106,6 +119,24 @@ def save_var(
         "root": str(ckptr.root),
         "step": step,
     }
+
+
+def set_retention(root: str, policy: dict[str, Any] | None) -> dict[str, Any]:
+    """Give ``root``'s checkpointer a retention policy (None: keep its own); return it.
+
+    ``policy`` holds :class:`~nbckpt.retention.RetentionPolicy`'s fields. It applies
+    from the next commit on, and lasts as long as this process.
+    """
+    ckptr = _checkpointer(root)
+    if policy is not None:
+        ckptr.set_retention(RetentionPolicy(**policy))
+    current = ckptr.options.retention
+    return {"policy": current.as_dict(), "text": current.describe(), "root": str(ckptr.root)}
+
+
+def should_save(root: str, step: int) -> bool:
+    """Tell whether ``step`` is due for a save under ``root``'s policy (see the checkpointer)."""
+    return _checkpointer(root).should_save(step)
 
 
 def restore_var(

@@ -11,7 +11,7 @@ import contextlib
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,7 @@ from nbckpt.protocol import (
     barrier_key,
     barrier_phase,
 )
+from nbckpt.retention import RetentionPolicy
 
 __all__ = ["SaveJob", "fail"]
 
@@ -110,7 +111,8 @@ class SaveJob:
     primary: int
     timeout_s: float
     t_requested: float
-    max_to_keep: int | None
+    retention: RetentionPolicy
+    metrics: dict[str, float] = field(default_factory=dict)
 
     def run(self) -> CheckpointError | None:
         """Write, meet the others, commit; return the error to raise later, if any."""
@@ -149,9 +151,9 @@ class SaveJob:
             enter(barrier_phase(Barrier.COMMIT_COMPLETE))
             self._barrier(Barrier.COMMIT_COMPLETE)
             self.journal.emit(Event.COMMITTED)
-            if is_primary and self.max_to_keep is not None:
+            if is_primary and self.retention.limits:
                 phase = Phase.RETENTION
-                apply_retention(self.root, self.max_to_keep)
+                apply_retention(self.root, self.retention)
         except BaseException as e:
             if is_primary:
                 self._decide(Event.FAILED)
@@ -236,6 +238,8 @@ class SaveJob:
             "leaves": self.snap.leaves,
             # Restore then knows that a missing _CHECKSUMS is damage, not an old step.
             "checksums": True,
+            # What retention ranks steps by (RetentionPolicy.best_metric).
+            "metrics": self.metrics,
         }
         write_durable(work / METADATA_FILE, json.dumps(meta, indent=1))
         fsync_tree_dirs(work)

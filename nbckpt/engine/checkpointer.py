@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from nbckpt.engine.sync import SignalingClient, Synchronizer, default_client
 from nbckpt.engine.tree import flatten
 from nbckpt.errors import CheckpointError, NbckptError
 from nbckpt.journal import JournalWriter
-from nbckpt.layout import is_complete, step_dir
+from nbckpt.layout import all_steps, is_complete, step_dir
 from nbckpt.protocol import (
     DEFAULT_SAVE_TIMEOUT_S,
     RENAME,
@@ -32,6 +33,7 @@ from nbckpt.protocol import (
     Phase,
     check_timeout,
 )
+from nbckpt.retention import BestMode, RetentionPolicy, check_metrics, should_save
 
 __all__ = ["AsyncCheckpointer", "CheckpointerOptions"]
 
@@ -50,14 +52,15 @@ class CheckpointerOptions:
         The process that creates directories, finalizes and applies retention.
     timeout_s
         Deadline of every barrier and agreement, in seconds.
-    max_to_keep
-        Keep at most this many complete steps (the newest); None keeps all.
+    retention
+        Which complete steps the primary keeps after each commit (see
+        :class:`~nbckpt.retention.RetentionPolicy`); the default keeps all.
     """
 
     mode: Mode = RENAME
     primary: int = 0
     timeout_s: float = DEFAULT_SAVE_TIMEOUT_S
-    max_to_keep: int | None = None
+    retention: RetentionPolicy = dataclasses.field(default_factory=RetentionPolicy)
 
 
 def _check_step(step: object) -> int:
@@ -79,9 +82,12 @@ class AsyncCheckpointer:
     root
         The checkpoint root, a directory every process can write (shared storage when
         the processes run on several hosts).
-    mode, primary, timeout_s, max_to_keep
+    mode, primary, timeout_s
         See :class:`CheckpointerOptions`; ``mode`` and ``timeout_s`` are defaults that
         each call may override.
+    max_to_keep, keep_period, best_n, best_metric, best_mode, save_interval_steps
+        The retention policy, as Orbax's ``CheckpointManagerOptions`` names it (see
+        :class:`~nbckpt.retention.RetentionPolicy`); :meth:`set_retention` changes it.
     client
         The key-value client used for barriers; by default the coordination service
         of ``jax.distributed``, or an in-process one for a single process.
@@ -102,15 +108,26 @@ class AsyncCheckpointer:
         primary: int = 0,
         timeout_s: float = DEFAULT_SAVE_TIMEOUT_S,
         max_to_keep: int | None = None,
+        keep_period: int | None = None,
+        best_n: int | None = None,
+        best_metric: str | None = None,
+        best_mode: BestMode = "min",
+        save_interval_steps: int | None = None,
         client: SignalingClient | None = None,
     ) -> None:
         strategy_for(mode)  # validates the mode
         timeout_s = check_timeout(timeout_s, "timeout_s")
-        if max_to_keep is not None and max_to_keep < 1:
-            raise ValueError(f"max_to_keep must be at least 1 or None, got {max_to_keep!r}")
+        retention = RetentionPolicy(
+            max_to_keep=max_to_keep,
+            keep_period=keep_period,
+            best_n=best_n,
+            best_metric=best_metric,
+            best_mode=best_mode,
+            save_interval_steps=save_interval_steps,
+        )
         self.root = Path(os.path.abspath(os.fspath(root)))
         self.options = CheckpointerOptions(
-            mode=mode, primary=primary, timeout_s=timeout_s, max_to_keep=max_to_keep
+            mode=mode, primary=primary, timeout_s=timeout_s, retention=retention
         )
         kv = client if client is not None else default_client()
         self._health = health.monitor_for(kv)
@@ -138,6 +155,19 @@ class AsyncCheckpointer:
         """The number of processes in the job."""
         return self._sync.process_count
 
+    def set_retention(self, policy: RetentionPolicy) -> None:
+        """Apply ``policy`` from the next commit on (a save in flight keeps the old one)."""
+        self.options = dataclasses.replace(self.options, retention=policy)
+
+    def should_save(self, step: int) -> bool:
+        """Tell whether ``step`` is due for a save, as Orbax's ``should_save`` does.
+
+        False for a step not newer than the latest complete step under the root;
+        otherwise True when ``save_interval_steps`` is unset or divides ``step``. It
+        reads only the root, so every process that sees it answers the same.
+        """
+        return should_save(_check_step(step), all_steps(self.root), self.options.retention)
+
     def save(
         self,
         step: int,
@@ -147,6 +177,8 @@ class AsyncCheckpointer:
         key: str | None = None,
         mode: Mode | None = None,
         timeout_s: float | None = None,
+        metrics: Mapping[str, float] | None = None,
+        format: str | None = None,
     ) -> None:
         """Start saving ``tree`` as ``step``; return once the snapshot is safe.
 
@@ -168,6 +200,9 @@ class AsyncCheckpointer:
             processes by their order, so every process must make the same calls.
         mode, timeout_s
             Override this checkpointer's defaults for this save.
+        metrics
+            Numbers to record with the step (``{"loss": 0.31}``), by which retention
+            keeps the best steps (``best_n``, ``best_metric``).
 
         Raises
         ------
@@ -191,7 +226,16 @@ class AsyncCheckpointer:
         CheckpointError
             The previous save failed in the background (raised once).
         """
-        self.save_from(lambda: tree, step, force=force, key=key, mode=mode, timeout_s=timeout_s)
+        self.save_from(
+            lambda: tree,
+            step,
+            force=force,
+            key=key,
+            mode=mode,
+            timeout_s=timeout_s,
+            metrics=metrics,
+            format=format,
+        )
 
     def save_from(
         self,
@@ -202,6 +246,8 @@ class AsyncCheckpointer:
         key: str | None = None,
         mode: Mode | None = None,
         timeout_s: float | None = None,
+        metrics: Mapping[str, float] | None = None,
+        format: str | None = None,
     ) -> None:
         """:meth:`save` the tree that ``get_tree()`` returns.
 
@@ -212,6 +258,9 @@ class AsyncCheckpointer:
         self._check_open()
         self.wait_until_finished()
         step = _check_step(step)
+        metrics = check_metrics(metrics)
+        if format not in (None, "nbckpt"):
+            raise ValueError(f"format must be 'nbckpt', got {format!r}")
         strategy = strategy_for(mode or self.options.mode)
         timeout = check_timeout(timeout_s or self.options.timeout_s, "timeout_s")
         local: BaseException | None = None
@@ -262,7 +311,8 @@ class AsyncCheckpointer:
             primary=self.options.primary,
             timeout_s=timeout,
             t_requested=t_requested,
-            max_to_keep=self.options.max_to_keep,
+            retention=self.options.retention,
+            metrics=metrics,
         )
         self._thread = threading.Thread(
             target=self._run, args=(job,), name=f"nbckpt-save-{step}", daemon=True

@@ -1,28 +1,40 @@
-"""Retention: keep the newest complete steps, remove the oldest beyond a count."""
+"""Retention: carry out a root's :class:`~nbckpt.retention.RetentionPolicy` after a save."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from nbckpt.layout import all_steps, remove_aside, step_dir
+from nbckpt.layout import FORMAT, all_steps, read_metadata, remove_aside, step_dir
+from nbckpt.retention import RetentionPolicy, StepRecord
 
-__all__ = ["apply_retention"]
+__all__ = ["apply_retention", "records"]
 
 
-def apply_retention(root: Path, keep: int) -> list[int]:
-    """Remove the oldest complete steps under ``root`` beyond the newest ``keep``.
+def records(root: Path) -> list[StepRecord]:
+    """The complete steps under ``root`` that nbckpt created, with their metrics.
 
-    Only complete steps are candidates (see :func:`nbckpt.layout.all_steps`), so a
-    foreign or corrupt directory is never removed. Each step is first renamed to
-    ``<step>.nbckpt-deleting`` (atomically no longer a step), then deleted.
-
-    Returns
-    -------
-    list of int
-        The steps removed.
+    A step counts only if nbckpt's own metadata is in it: an Orbax step or a foreign
+    folder in the same root is neither counted nor ever removed.
     """
-    steps = all_steps(root)
-    doomed_steps = steps[: max(0, len(steps) - keep)]
-    for step in doomed_steps:
+    out = []
+    for step in all_steps(root):
+        meta = read_metadata(step_dir(root, step))
+        if meta is None or meta.get("format") != FORMAT:
+            continue
+        metrics = meta.get("metrics")
+        out.append(StepRecord(step, metrics if isinstance(metrics, dict) else {}))
+    return out
+
+
+def apply_retention(root: Path, policy: RetentionPolicy) -> list[int]:
+    """Remove the steps under ``root`` that ``policy`` does not keep; return them.
+
+    Only complete steps nbckpt created are candidates, so a foreign, Orbax or corrupt
+    directory is never removed. Each step is first renamed to
+    ``<step>.nbckpt-deleting`` (atomically no longer a step), then deleted: a crash
+    in between leaves no half-deleted step under a step's name.
+    """
+    doomed = policy.doomed(records(root))
+    for step in doomed:
         remove_aside(step_dir(root, step))
-    return doomed_steps
+    return doomed
