@@ -121,15 +121,20 @@ def _journal(enabled: bool) -> None:
 # -- nbckpt ---------------------------------------------------------------------------
 
 
-def nb_save(root: str, step: int, journal: bool = True) -> dict[str, float]:
-    """Save the state with nbckpt; time to return, time to durable commit, peak memory."""
+def nb_save(
+    root: str, step: int, journal: bool = True, format: str | None = None
+) -> dict[str, float]:
+    """Save the state with nbckpt; time to return, time to durable commit, peak memory.
+
+    ``format`` is the save option (None: nbckpt's own layout; ``"orbax"``: Orbax's).
+    """
     from nbckpt.engine import AsyncCheckpointer
 
     _journal(journal)
     ckptr = AsyncCheckpointer(root)
     peak = _Peak()
     t0 = time.perf_counter()
-    ckptr.save(step, _state["tree"])
+    ckptr.save(step, _state["tree"], format=format)
     blocked = time.perf_counter() - t0
     ckptr.wait_until_finished()
     commit = time.perf_counter() - t0

@@ -4,9 +4,12 @@ Classification comes from :mod:`nbckpt.inventory` (complete, in progress, abando
 corrupt, foreign). ``verify`` goes further for complete steps: it opens every array,
 compares its shape and dtype with the metadata, and recomputes the checksum (CRC-32C,
 or CRC-32 for older steps) of every chunk that the saving processes recorded in
-``<step>/_CHECKSUMS``. ``clean`` removes abandoned
-entries only; a complete or corrupt step, and anything nbckpt did not create (a
-``foreign`` entry), is never touched.
+``<step>/_CHECKSUMS``. For an Orbax step it checks what can be checked: that Orbax's
+records parse, that every array opens, and (where the save stored every chunk,
+``store_array_data_equal_to_fill_value``) that every chunk is there and decodes; Orbax
+records no checksums, so its data is not verified, and the report says so. ``clean``
+removes abandoned entries only; a complete or corrupt step, and anything nbckpt did
+not create (a ``foreign`` entry, Orbax's steps included), is never touched.
 """
 
 from __future__ import annotations
@@ -16,11 +19,19 @@ import shutil
 import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
+from nbckpt.formats import orbax as _orbax
 from nbckpt.inventory import STALE_AFTER_S, STATES, Entry, classify, existing_root
 from nbckpt.layout import DELETING_SUFFIX, read_metadata
 
-__all__ = ["FsckReport", "fsck", "verify_step"]
+__all__ = ["ORBAX_NOT_VERIFIED", "FsckReport", "fsck", "verify_orbax_step", "verify_step"]
+
+#: What a verified Orbax step's line ends with: the check nbckpt cannot make.
+ORBAX_NOT_VERIFIED = "Orbax records no chunk checksums; not verified"
+
+#: Reads fsck keeps in flight per Orbax array while it checks that every chunk is there.
+_IN_FLIGHT = 16
 
 
 @dataclass
@@ -61,7 +72,7 @@ def verify_step(step_path: str | os.PathLike[str]) -> list[str]:
     import numpy as np
 
     from nbckpt.checksum import checksum, read_checksums
-    from nbckpt.engine.storage import open_array
+    from nbckpt.engine.sources import source_for
     from nbckpt.engine.writer import chunk_key, chunk_regions
 
     path = Path(step_path)
@@ -72,13 +83,17 @@ def verify_step(step_path: str | os.PathLike[str]) -> list[str]:
         sums = read_checksums(path) or {}
     except (OSError, ValueError) as e:
         return [f"checksums unreadable: {e}"]
+    try:
+        source = source_for(path, meta)
+    except ValueError as e:
+        return [str(e)]
     problems = []
     for leaf in meta.get("leaves", []):
         if leaf["kind"] == "scalar":
             continue
         name = leaf["name"]
         try:
-            store = open_array(path / name, fill_missing=False)
+            store = source.open(name).result()
         except Exception as e:  # tensorstore raises ValueError for most I/O problems
             problems.append(f"{name}: cannot open ({e})")
             continue
@@ -121,6 +136,95 @@ def verify_step(step_path: str | os.PathLike[str]) -> list[str]:
     return problems
 
 
+def verify_orbax_step(step_path: str | os.PathLike[str]) -> tuple[list[str], str]:
+    """Check what can be checked of an Orbax step: records, arrays, chunks.
+
+    Orbax's records must parse; every array of every pytree item must open; and where
+    the save stored every chunk (``store_array_data_equal_to_fill_value``), every chunk
+    is read, a write chunk at a time, so that a missing or undecodable one is found.
+    The values cannot be verified: Orbax records no checksums.
+
+    Returns
+    -------
+    tuple of (list of str, str)
+        One line per problem (empty when nothing was found), and one line saying what
+        was checked and what was not.
+    """
+    from nbckpt.engine.orbax_arrays import open_orbax_array_async
+
+    path = Path(step_path)
+    step = _orbax.describe(path)
+    if step is None:
+        return [_orbax.describe_unknown(path)], ORBAX_NOT_VERIFIED
+    if step.state != "complete":
+        return [step.reason], ORBAX_NOT_VERIFIED
+    problems: list[str] = []
+    chunks_checked = True
+    arrays = 0
+    for item in step.pytree_items():
+        tree = item.tree
+        if tree is None:  # describe() reports an unreadable tree as corrupt
+            continue
+        prefix = f"{item.name}/" if item.name is not None else ""
+        chunks_checked = chunks_checked and tree.store_equal_to_fill
+        for leaf in tree.leaves:
+            if not leaf.is_array:
+                continue
+            arrays += 1
+            opening = open_orbax_array_async(
+                item.directory,
+                leaf.name,
+                ocdbt=tree.ocdbt,
+                zarr3=tree.zarr3,
+                fill_missing=not tree.store_equal_to_fill,
+            )
+            try:
+                store = opening.result()
+            except Exception as e:  # tensorstore raises ValueError for most I/O problems
+                problems.append(f"{prefix}{leaf.name}: cannot open ({e})")
+                continue
+            if tree.store_equal_to_fill:
+                problems.extend(f"{prefix}{leaf.name}: {p}" for p in _read_every_chunk(store))
+    checked = f"Orbax records parse, {arrays} arrays open"
+    if chunks_checked:
+        checked += ", every chunk is there"
+    else:
+        checked += (
+            "; missing chunks cannot be told from fill values (saved without "
+            "store_array_data_equal_to_fill_value)"
+        )
+    return problems, f"{checked}; {ORBAX_NOT_VERIFIED}"
+
+
+def _read_every_chunk(store: Any) -> list[str]:
+    """Read an array a write chunk at a time; return the chunks that fail, as lines."""
+    import itertools
+
+    shape = [int(s) for s in store.shape]
+    grid = store.chunk_layout.write_chunk.shape or shape
+    step = [max(1, int(c or d)) for c, d in zip(grid, shape, strict=True)]
+    starts = itertools.product(*(range(0, d, c) for d, c in zip(shape, step, strict=True)))
+    problems: list[str] = []
+    pending: list[tuple[tuple[int, ...], Any]] = []
+
+    def settle(limit: int) -> None:
+        while len(pending) > limit:
+            origin, future = pending.pop(0)
+            try:
+                future.result()
+            except Exception as e:
+                missing = str(e).startswith("NOT_FOUND")
+                what = "missing" if missing else f"unreadable ({e})"
+                problems.append(f"chunk at {list(origin)} {what}")
+
+    for origin in starts:
+        region = tuple(slice(o, min(o + c, d)) for o, c, d in zip(origin, step, shape, strict=True))
+        pending.append((origin, store[region].read()))
+        settle(_IN_FLIGHT)
+    settle(0)
+    return problems
+
+
 def fsck(
     root: str | os.PathLike[str],
     *,
@@ -138,7 +242,9 @@ def fsck(
         Remove the abandoned entries (and only those).
     verify
         Read every array of every complete step and check shapes, dtypes and chunk
-        checksums; a step that fails becomes ``corrupt``.
+        checksums; a step that fails becomes ``corrupt``. An Orbax step is checked as
+        far as it can be (see :func:`verify_orbax_step`), and its line says that its
+        data is not verified.
     stale_after_s
         A save whose journal has been silent this long counts as abandoned; pass 0
         when you know no process of that job is alive.
@@ -151,7 +257,14 @@ def fsck(
     path = existing_root(root)
     report = FsckReport(root=str(path))
     for entry in classify(path, stale_after_s=stale_after_s):
-        if verify and entry.state == "complete":
+        if verify and entry.state == "complete" and entry.format == "orbax":
+            problems, checked = verify_orbax_step(path / entry.path)
+            if problems:
+                more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+                entry = replace(entry, state="corrupt", reason=problems[0] + more)
+            else:
+                entry = replace(entry, reason=f"Orbax step: {checked}")
+        elif verify and entry.state == "complete":
             problems = verify_step(path / entry.path)
             if problems:
                 more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""

@@ -21,9 +21,14 @@ only adds what a person wants to know about everything else under the root:
 ``foreign``
     A ``<step>``-named directory that nbckpt did not create (no owner record, no
     nbckpt metadata): listed so the user sees it, never written, cleaned or deleted.
+    Orbax's unfinished saves (a step without its commit record, an
+    ``<step>.orbax-checkpoint-tmp-<t>`` directory) are foreign too: Orbax cleans them.
 
-Other names under the root (the ``.nbckpt`` state directory, stray files) are not
-entries. Nothing here needs jax, and nothing here writes.
+Orbax's steps (:mod:`nbckpt.formats.orbax`) are listed with ``format="orbax"``:
+``complete`` by Orbax's completion rule, and ``corrupt`` only when Orbax's own records
+in them cannot be read. They are never cleaned. Other names under the root (the
+``.nbckpt`` state directory, stray files) are not entries. Nothing here needs jax, and
+nothing here writes.
 """
 
 from __future__ import annotations
@@ -36,16 +41,21 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from nbckpt.formats import orbax as _orbax
+from nbckpt.formats.orbax_names import OCDBT_MANIFEST
+from nbckpt.formats.orbax_write import ORBAX_ARRAYS
 from nbckpt.journal import OperationRecord, list_operations, read_operation
 from nbckpt.layout import (
     COMMIT_FILE,
     DELETING_SUFFIX,
     METADATA_FILE,
     TMP_SUFFIX,
+    StepFormat,
     entry_state,
     ops_dir,
     parse_step,
     read_metadata,
+    step_format,
 )
 from nbckpt.protocol import COMMIT_FILE_MODE, RENAME, Event, Kind, Status
 
@@ -93,6 +103,9 @@ class Entry:
         The id of the save's journal operation, if the root has its journal.
     mode
         ``"rename"`` or ``"commit_file"`` when known, ``None`` otherwise.
+    format
+        Who wrote the entry: ``"nbckpt"``, ``"orbax"``, or ``None`` for a directory
+        of neither kind.
     """
 
     step: int
@@ -104,6 +117,7 @@ class Entry:
     process_count: int | None
     op: str | None
     mode: str | None
+    format: StepFormat | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-able dict of the entry."""
@@ -156,7 +170,7 @@ def existing_root(root: str | os.PathLike[str]) -> Path:
 
 
 def list_steps(root: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """List every entry of a root with its state, as rows for ``%ckpt_ls``.
+    """List every entry of a root with its state and format, as rows for ``%ckpt_ls``.
 
     Raises
     ------
@@ -165,7 +179,13 @@ def list_steps(root: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """
     path = existing_root(root)
     return [
-        {"step": e.step, "state": e.state, "path": str(path / e.path), "reason": e.reason}
+        {
+            "step": e.step,
+            "state": e.state,
+            "path": str(path / e.path),
+            "reason": e.reason,
+            "format": e.format,
+        }
         for e in classify(path)
     ]
 
@@ -227,11 +247,25 @@ def _classify_one(
             if step is None:
                 return None
             if is_deleting:
-                return _entry(path, step, "abandoned", "a removal that did not finish", None)
+                reason = "a removal that did not finish"
+                return _entry(path, step, "abandoned", reason, None, format="nbckpt")
             return _temporary(path, step, RENAME, ops, now, stale_after_s)
+    orbax_final = _orbax.tmp_target(name)
+    if orbax_final is not None:
+        step = parse_step(orbax_final)
+        if step is None:
+            return None
+        reason = "an Orbax save's temporary directory (Orbax cleans it): left alone"
+        return _entry(path, step, "foreign", reason, None, format="orbax")
     step = parse_step(name)
     if step is None:
         return None
+    kind = step_format(path)
+    if kind == "orbax":
+        return _orbax_entry(path, step)
+    if kind is None:
+        reason = f"{_orbax.describe_unknown(path)}; not created by nbckpt: left alone"
+        return _entry(path, step, "foreign", reason, None)
     state = entry_state(path)
     if state == "foreign":
         return _entry(path, step, "foreign", "not created by nbckpt: left alone", None)
@@ -242,10 +276,11 @@ def _classify_one(
     op = _metadata_op(meta, ops) or ops.newest(step)
     if meta is None:
         reason = f"{METADATA_FILE} is missing or unreadable"
-        return _entry(path, step, "corrupt", reason, op, mode=mode)
+        return _entry(path, step, "corrupt", reason, op, mode=mode, format="nbckpt")
     missing = _missing_arrays(path, meta)
     count = meta.get("process_count")
     fields: dict[str, Any] = {
+        "format": "nbckpt",
         "mode": mode,
         "process_count": count if isinstance(count, int) else None,
         "time": _float_or_none(meta.get("time_finalized")),
@@ -257,25 +292,49 @@ def _classify_one(
     return _entry(path, step, "complete", Status.COMMITTED, op, **fields)
 
 
+def _orbax_entry(path: Path, step: int) -> Entry:
+    """Classify a step directory Orbax wrote: complete, unfinished (foreign) or damaged."""
+    found = _orbax.describe(path)
+    if found is None:  # it changed under us: say what is there now
+        return _entry(path, step, "foreign", _orbax.describe_unknown(path), None)
+    fields: dict[str, Any] = {
+        "format": "orbax",
+        "process_count": found.process_count,
+        "time": found.time,
+    }
+    if found.state == "incomplete":
+        reason = f"{found.reason}: not listed as a step, left alone"
+        return _entry(path, step, "foreign", reason, None, **fields)
+    return _entry(path, step, found.state, found.reason, None, **fields)
+
+
 def _temporary(
     path: Path, step: int, mode: str, ops: _SaveOps, now: float, stale_after_s: float
 ) -> Entry:
     """Classify an entry a save writes into before it commits."""
     op = ops.newest(step)
     if op is None:
-        return _entry(path, step, "abandoned", "no journal for this save", None, mode=mode)
+        return _entry(
+            path, step, "abandoned", "no journal for this save", None, mode=mode, format="nbckpt"
+        )
     rec = ops.record(op)
     count = rec.process_count
     if rec.status != Status.RUNNING:
         reason = f"its save {rec.status}" + _first_error(rec)
-        return _entry(path, step, "abandoned", reason, op, mode=mode, process_count=count)
+        return _entry(
+            path, step, "abandoned", reason, op, mode=mode, process_count=count, format="nbckpt"
+        )
     last = max(
         (float(e.get("t", 0.0)) for p in rec.processes.values() for e in p.events), default=0
     )
     if now - last > stale_after_s:
         reason = f"its save recorded nothing for {now - last:.0f} s"
-        return _entry(path, step, "abandoned", reason, op, mode=mode, process_count=count)
-    return _entry(path, step, "in_progress", "saving", op, mode=mode, process_count=count)
+        return _entry(
+            path, step, "abandoned", reason, op, mode=mode, process_count=count, format="nbckpt"
+        )
+    return _entry(
+        path, step, "in_progress", "saving", op, mode=mode, process_count=count, format="nbckpt"
+    )
 
 
 def _first_error(rec: OperationRecord) -> str:
@@ -301,6 +360,10 @@ def _missing_arrays(path: Path, meta: dict[str, Any]) -> list[str]:
     leaves = meta.get("leaves")
     if not isinstance(leaves, list):
         return ["(leaf list)"]
+    if meta.get("arrays") == ORBAX_ARRAYS:
+        # One OCDBT database holds every array: its leaves cannot be listed without
+        # reading it (fsck --verify opens each one).
+        return [] if (path / OCDBT_MANIFEST).is_file() else [f"(the OCDBT {OCDBT_MANIFEST})"]
     missing = []
     for leaf in leaves:
         if not isinstance(leaf, dict) or leaf.get("kind") == "scalar":
@@ -325,6 +388,7 @@ def _entry(
     mode: str | None = None,
     process_count: int | None = None,
     time: float | None = None,
+    format: StepFormat | None = None,
 ) -> Entry:
     try:
         mtime = path.stat().st_mtime
@@ -340,6 +404,7 @@ def _entry(
         process_count=process_count,
         op=op,
         mode=mode,
+        format=format,
     )
 
 

@@ -11,16 +11,24 @@ A root holds::
     <root>/<step>.nbckpt-deleting/    a step being removed by retention
     <root>/.nbckpt/ops/<op>/process_<i>.jsonl   the journal of every operation
 
-A ``<step>`` directory is complete if and only if it holds the commit-success file
-(commit-file mode) or metadata that says it was finalized by rename (rename mode: the
-directory only gets its final name once everything in it is durable). Everything that
-lists steps (``all_steps``, restore, the server) goes through :func:`is_complete`.
+A root may also hold Orbax's steps (``<root>/<step>/`` with Orbax's
+``_CHECKPOINT_METADATA`` and ``commit_success.txt``, see :mod:`nbckpt.formats.orbax`),
+which nbckpt lists and restores but never writes. :func:`step_format` says which kind a
+directory is, by the records in it: nbckpt's own first (the owner file, or nbckpt
+metadata), then Orbax's.
+
+An nbckpt ``<step>`` directory is complete if and only if it holds the commit-success
+file (commit-file mode) or metadata that says it was finalized by rename (rename mode:
+the directory only gets its final name once everything in it is durable); an Orbax one
+by the completion rule of :mod:`nbckpt.formats.orbax`. A directory of neither kind is
+never complete. Everything that lists steps (``all_steps``, restore, the server) goes
+through :func:`is_complete`.
 
 What nbckpt may touch is decided by :func:`entry_state`: a directory is nbckpt's own
 only when its records say so (the owner file, or nbckpt metadata); anything else under
-the root is *foreign* and is never written over, cleaned or deleted. Damage to a
-committed step makes it *corrupt*, which is reported and never cleaned either.
-This module needs neither jax nor tensorstore.
+the root, Orbax's steps included, is *foreign* and is never written over, cleaned or
+deleted. Damage to a committed step makes it *corrupt*, which is reported and never
+cleaned either. This module needs neither jax nor tensorstore.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Literal
 
+from nbckpt.formats import orbax as _orbax
 from nbckpt.protocol import COMMIT_FILE_MODE, RENAME, Mode
 
 __all__ = [
@@ -45,6 +54,7 @@ __all__ = [
     "TMP_SUFFIX",
     "EntryState",
     "Mode",
+    "StepFormat",
     "all_steps",
     "entry_state",
     "fsync_dir",
@@ -58,6 +68,7 @@ __all__ = [
     "read_owner",
     "remove_aside",
     "step_dir",
+    "step_format",
     "tmp_dir",
     "write_durable",
     "write_owner",
@@ -82,6 +93,9 @@ FORMAT = "nbckpt/1"
 
 #: What a ``<step>`` directory is, by the records in it (see :func:`entry_state`).
 EntryState = Literal["complete", "corrupt", "incomplete", "foreign"]
+
+#: Who wrote a step directory (see :func:`step_format`).
+StepFormat = Literal["nbckpt", "orbax"]
 
 
 def step_dir(root: str | os.PathLike[str], step: int) -> Path:
@@ -181,11 +195,14 @@ def entry_state(path: str | os.PathLike[str]) -> EntryState:
         commit file, or a rename-mode owner record: such a directory only gets its
         final name once finalized) but its metadata is damaged; ``"incomplete"``: a
         save of nbckpt's wrote it and never committed it (commit-file mode); or
-        ``"foreign"``: nothing shows nbckpt created it, so nbckpt never touches it.
+        ``"foreign"``: nothing shows nbckpt created it (an Orbax step, complete or
+        not, is foreign too: see :func:`step_format`), so nbckpt never touches it.
         A directory with unreadable metadata and no owner record (saved before owner
         records existed) counts as corrupt, the cautious reading.
     """
     p = Path(path)
+    if step_format(p) != "nbckpt":
+        return "foreign"  # Orbax's step, or nobody's: never nbckpt's to touch
     if is_complete(p):
         return "corrupt" if read_metadata(p) is None else "complete"
     owner = read_owner(p)
@@ -209,18 +226,43 @@ def is_complete(path: str | os.PathLike[str]) -> bool:
     Returns
     -------
     bool
-        True if the commit-success file exists, or the metadata records a rename-mode
-        save (such a directory only exists once finalized). A temporary directory, a
-        commit-file-mode directory without its commit file, or unreadable metadata is
-        never complete.
+        For an nbckpt step: True if the commit-success file exists, or the metadata
+        records a rename-mode save (such a directory only exists once finalized). For
+        an Orbax step: :func:`nbckpt.formats.orbax.is_complete`. A temporary directory,
+        a commit-file-mode directory without its commit file, unreadable metadata
+        without a commit file, or a directory of neither kind is never complete.
     """
     p = Path(path)
     if parse_step(p.name) is None or not p.is_dir():
+        return False
+    kind = step_format(p)
+    if kind == "orbax":
+        return _orbax.is_complete(p)
+    if kind is None:
         return False
     if (p / COMMIT_FILE).is_file():
         return True
     meta = read_metadata(p)
     return meta is not None and meta.get("mode") == RENAME
+
+
+def step_format(path: str | os.PathLike[str]) -> StepFormat | None:
+    """Say who wrote a directory, by the records in it, whether complete or not.
+
+    Returns
+    -------
+    str or None
+        ``"nbckpt"`` if it holds nbckpt's owner record or nbckpt's metadata (also when
+        that metadata is damaged, or when the step also carries Orbax's records so
+        that Orbax can read it); else ``"orbax"`` if Orbax's records are in it (see
+        :func:`nbckpt.formats.orbax.recognise`); else None.
+    """
+    p = Path(path)
+    if not p.is_dir():
+        return None
+    if read_owner(p) is not None or (p / METADATA_FILE).exists() or read_metadata(p) is not None:
+        return "nbckpt"
+    return "orbax" if _orbax.recognise(p) else None
 
 
 def all_steps(root: str | os.PathLike[str]) -> list[int]:
@@ -234,8 +276,9 @@ def all_steps(root: str | os.PathLike[str]) -> list[int]:
     Returns
     -------
     list of int
-        Only complete steps (see :func:`is_complete`); temporary, abandoned or
-        half-deleted directories are never listed.
+        Only complete steps (see :func:`is_complete`), nbckpt's and Orbax's (ask
+        :func:`step_format` which is which); temporary, abandoned or half-deleted
+        directories, and directories of neither kind, are never listed.
     """
     try:
         entries = list(os.scandir(root))

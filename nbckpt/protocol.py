@@ -26,7 +26,10 @@ __all__ = [
     "BARRIERS",
     "DEFAULT_BARRIER_TIMEOUT_S",
     "DEFAULT_SAVE_TIMEOUT_S",
+    "FORMATS",
     "MODES",
+    "NBCKPT_FORMAT",
+    "ORBAX_FORMAT",
     "PHASES",
     "SPANS",
     "Barrier",
@@ -36,6 +39,7 @@ __all__ = [
     "Mode",
     "OpId",
     "Phase",
+    "SaveFormat",
     "Status",
     "as_json",
     "barrier_key",
@@ -170,6 +174,13 @@ Mode = Literal["rename", "commit_file"]
 MODES: Final[tuple[Mode, ...]] = ("rename", "commit_file")
 RENAME: Final[Mode] = "rename"
 COMMIT_FILE_MODE: Final[Mode] = "commit_file"
+
+#: How a save stores its arrays: nbckpt's own layout (a zarr v2 array per leaf), or
+#: Orbax's (zarr v3 arrays in an OCDBT database, as ``StandardCheckpointer`` writes).
+SaveFormat = Literal["nbckpt", "orbax"]
+FORMATS: Final[tuple[SaveFormat, ...]] = ("nbckpt", "orbax")
+NBCKPT_FORMAT: Final[SaveFormat] = "nbckpt"
+ORBAX_FORMAT: Final[SaveFormat] = "orbax"
 
 DEFAULT_SAVE_TIMEOUT_S: Final = 300.0
 DEFAULT_BARRIER_TIMEOUT_S: Final = 60.0

@@ -39,3 +39,16 @@ def test_compare_quick_reports_every_measure(tmp_path):
     if not has_orbax:
         assert "n/a" in report  # the Orbax columns are there, empty
     assert not list(tmp_path.glob("nbckpt-compare-*")), "the scratch directory was left behind"
+
+
+def test_orbax_format_quick_reports_every_system(tmp_path):
+    pytest.importorskip("orbax.checkpoint")
+    script = COMPARE.with_name("orbax_format.py")
+    cmd = [sys.executable, str(script), "--quick", "--dir", str(tmp_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert lines[-1].startswith("SUMMARY (") and "vs Orbax" in lines[-1]
+    for measure in ("durable save", "cold restore", "Orbax's cold restore", "bytes on disk"):
+        assert measure in proc.stdout
+    assert not list(tmp_path.glob("nbckpt-orbax-format-*")), "the scratch directory was left behind"

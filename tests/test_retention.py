@@ -120,8 +120,9 @@ def _orbax_step(root: Path, step: int) -> Path:
     import orbax.checkpoint as ocp
 
     path = root / str(step)
-    ocp.StandardCheckpointer().save(path.absolute(), {"x": np.arange(4.0)})
-    ocp.StandardCheckpointer().wait_until_finished()
+    ckptr = ocp.StandardCheckpointer()
+    ckptr.save(path.absolute(), {"x": np.arange(4.0)})
+    ckptr.wait_until_finished()
     return path
 
 

@@ -17,6 +17,8 @@ export interface IEntry {
   process_count: number | null;
   op: string | null;
   mode: string | null;
+  /** Who wrote the entry: 'nbckpt', 'orbax', or null for neither. */
+  format: string | null;
 }
 
 /** The answer of `GET nbckpt/api/checkpoints`. */

@@ -215,8 +215,13 @@ export class CheckpointsPanel extends Widget {
       state.appendChild(badge(entry.state));
       const time = el('td', 'nbckpt-time', formatTime(entry.time));
       time.title = new Date(entry.time * 1000).toLocaleString();
+      const number = el('td', 'nbckpt-step-number', String(entry.step));
+      if (entry.format === 'orbax') {
+        // Orbax's steps are listed and restorable, never written or cleaned.
+        number.appendChild(el('span', 'nbckpt-format', ' Orbax'));
+      }
       row.append(
-        el('td', 'nbckpt-step-number', String(entry.step)),
+        number,
         state,
         el('td', 'nbckpt-size', formatBytes(entry.bytes)),
         time,

@@ -17,12 +17,13 @@ from typing import Any
 
 from nbckpt.engine import hooks
 from nbckpt.engine.advice import reason
+from nbckpt.engine.array_format import ArrayFormat, Zarr2Arrays
 from nbckpt.engine.commit import CommitStrategy
 from nbckpt.engine.retention import apply_retention
 from nbckpt.engine.snapshot import Snapshot
 from nbckpt.engine.sync import Synchronizer
-from nbckpt.engine.writer import create_arrays, write_shards
 from nbckpt.errors import BarrierTimeoutError, CheckpointError, PeerDeadError, PeerFailedError
+from nbckpt.formats.orbax_write import orbax_records
 from nbckpt.journal import JournalWriter
 from nbckpt.layout import (
     CHECKSUMS_DIR,
@@ -113,6 +114,8 @@ class SaveJob:
     t_requested: float
     retention: RetentionPolicy
     metrics: dict[str, float] = field(default_factory=dict)
+    #: How the arrays are stored (``format=``): nbckpt's own layout, or Orbax's.
+    arrays: ArrayFormat = field(default_factory=Zarr2Arrays)
 
     def run(self) -> CheckpointError | None:
         """Write, meet the others, commit; return the error to raise later, if any."""
@@ -132,7 +135,7 @@ class SaveJob:
             if is_primary:
                 self.strategy.prepare(self.root, self.step)
                 write_owner(work, self.op, self.strategy.mode, self.step)
-                create_arrays(work, self.snap)
+                self.arrays.create(work, self.snap, me)
             enter(barrier_phase(Barrier.TMP_READY))
             self._barrier(Barrier.TMP_READY)
             self.journal.emit(Event.TMP_READY)
@@ -144,6 +147,7 @@ class SaveJob:
             if is_primary:
                 enter(Phase.FINALIZE)
                 self.journal.emit(Event.FINALIZE_STARTED)
+                self.arrays.finish(work, self.snap)
                 self._write_metadata(work)
                 self.strategy.finalize(self.root, self.step, self.op)
                 self._decide(Event.COMMITTED)
@@ -195,9 +199,10 @@ class SaveJob:
             self.sync.check_failures(self.op)
 
         checksums: dict[str, Any] = {}
-        written = write_shards(
+        written = self.arrays.write(
             work,
             self.snap,
+            self.sync.process_index,
             progress=lambda b: self.journal.emit(Event.WRITE_PROGRESS, bytes=b),
             watch=watch,
             checksums=checksums,
@@ -225,7 +230,7 @@ class SaveJob:
                 return  # the primary or the service is gone: the disk says the rest
 
     def _write_metadata(self, work: Path) -> None:
-        """Primary only: write the metadata, then make the whole tree durable."""
+        """Primary only: write nbckpt's and Orbax's metadata, then make the tree durable."""
         meta = {
             "format": FORMAT,
             "step": self.step,
@@ -241,5 +246,10 @@ class SaveJob:
             # What retention ranks steps by (RetentionPolicy.best_metric).
             "metrics": self.metrics,
         }
+        if self.arrays.arrays is not None:
+            meta["arrays"] = self.arrays.arrays  # how restore opens them
+        # Orbax's records (_METADATA, _sharding), so that Orbax restores the step too.
+        for name, text in orbax_records(self.snap.leaves, self.arrays.flags).items():
+            write_durable(work / name, text)
         write_durable(work / METADATA_FILE, json.dumps(meta, indent=1))
         fsync_tree_dirs(work)

@@ -14,6 +14,7 @@ from typing import Any
 from nbckpt.engine import health, hooks
 from nbckpt.engine import restore as _restore
 from nbckpt.engine.advice import reason as _reason
+from nbckpt.engine.array_format import format_for
 from nbckpt.engine.background import SaveJob, fail
 from nbckpt.engine.commit import strategy_for
 from nbckpt.engine.preflight import Preflight
@@ -55,12 +56,19 @@ class CheckpointerOptions:
     retention
         Which complete steps the primary keeps after each commit (see
         :class:`~nbckpt.retention.RetentionPolicy`); the default keeps all.
+    format
+        How the arrays are stored: None or ``"nbckpt"``, nbckpt's own layout (an
+        uncompressed zarr v2 array per leaf); ``"orbax"``, Orbax's OCDBT layout (zarr
+        v3 arrays, zstd-compressed, in one OCDBT database per process, merged at the
+        end). Orbax's ``StandardCheckpointer`` restores steps of either format, and
+        nbckpt restores both.
     """
 
     mode: Mode = RENAME
     primary: int = 0
     timeout_s: float = DEFAULT_SAVE_TIMEOUT_S
     retention: RetentionPolicy = dataclasses.field(default_factory=RetentionPolicy)
+    format: str | None = None
 
 
 def _check_step(step: object) -> int:
@@ -82,9 +90,9 @@ class AsyncCheckpointer:
     root
         The checkpoint root, a directory every process can write (shared storage when
         the processes run on several hosts).
-    mode, primary, timeout_s
-        See :class:`CheckpointerOptions`; ``mode`` and ``timeout_s`` are defaults that
-        each call may override.
+    mode, primary, timeout_s, format
+        See :class:`CheckpointerOptions`; ``mode``, ``timeout_s`` and ``format`` are
+        defaults that each call may override.
     max_to_keep, keep_period, best_n, best_metric, best_mode, save_interval_steps
         The retention policy, as Orbax's ``CheckpointManagerOptions`` names it (see
         :class:`~nbckpt.retention.RetentionPolicy`); :meth:`set_retention` changes it.
@@ -113,9 +121,11 @@ class AsyncCheckpointer:
         best_metric: str | None = None,
         best_mode: BestMode = "min",
         save_interval_steps: int | None = None,
+        format: str | None = None,
         client: SignalingClient | None = None,
     ) -> None:
         strategy_for(mode)  # validates the mode
+        format_for(format)  # validates the format
         timeout_s = check_timeout(timeout_s, "timeout_s")
         retention = RetentionPolicy(
             max_to_keep=max_to_keep,
@@ -127,7 +137,7 @@ class AsyncCheckpointer:
         )
         self.root = Path(os.path.abspath(os.fspath(root)))
         self.options = CheckpointerOptions(
-            mode=mode, primary=primary, timeout_s=timeout_s, retention=retention
+            mode=mode, primary=primary, timeout_s=timeout_s, retention=retention, format=format
         )
         kv = client if client is not None else default_client()
         self._health = health.monitor_for(kv)
@@ -198,8 +208,9 @@ class AsyncCheckpointer:
             A string unique to this call and the same on every process (a driver such
             as the notebook client passes one). Without it, calls are matched across
             processes by their order, so every process must make the same calls.
-        mode, timeout_s
-            Override this checkpointer's defaults for this save.
+        mode, timeout_s, format
+            Override this checkpointer's defaults for this save (``format``: see
+            :class:`CheckpointerOptions`).
         metrics
             Numbers to record with the step (``{"loss": 0.31}``), by which retention
             keeps the best steps (``best_n``, ``best_metric``).
@@ -259,9 +270,8 @@ class AsyncCheckpointer:
         self.wait_until_finished()
         step = _check_step(step)
         metrics = check_metrics(metrics)
-        if format not in (None, "nbckpt"):
-            raise ValueError(f"format must be 'nbckpt', got {format!r}")
         strategy = strategy_for(mode or self.options.mode)
+        arrays = format_for(format or self.options.format)
         timeout = check_timeout(timeout_s or self.options.timeout_s, "timeout_s")
         local: BaseException | None = None
         leaves: list[Any] = []
@@ -313,6 +323,7 @@ class AsyncCheckpointer:
             t_requested=t_requested,
             retention=self.options.retention,
             metrics=metrics,
+            arrays=arrays,
         )
         self._thread = threading.Thread(
             target=self._run, args=(job,), name=f"nbckpt-save-{step}", daemon=True
@@ -357,13 +368,22 @@ class AsyncCheckpointer:
         key: str | None = None,
         timeout_s: float | None = None,
         cast: bool = False,
+        item: str | None = None,
     ) -> Any:
         """Read a complete step back, each process reading only what it needs.
+
+        The step may be nbckpt's or Orbax's (a ``CheckpointManager`` step, or a
+        ``StandardCheckpointer`` pytree saved as ``<root>/<step>``). Every chunk of an
+        nbckpt step is checked against the checksum recorded when it was saved. Orbax
+        records no checksums: its data is read unchecked (the journal's ``read_done``
+        says ``verified: false``), and a missing chunk is an error only where Orbax
+        stored every chunk (``store_array_data_equal_to_fill_value``, its default);
+        otherwise it reads as the fill value, as it does in Orbax.
 
         Parameters
         ----------
         step
-            The step to read; None means the latest complete step.
+            The step to read; None means the latest complete step (of either kind).
         target
             None to restore every leaf (jax arrays get their saved mesh layout when the
             device count allows, or are replicated otherwise); or a pytree whose
@@ -380,10 +400,15 @@ class AsyncCheckpointer:
         cast
             Allow a target whose dtype differs from the saved one (the values are
             converted); without it such a target is refused.
+        item
+            The item of an Orbax ``CheckpointManager`` step to restore (``"params"``);
+            None picks its only pytree item. nbckpt steps hold one tree: leave it None.
 
         Returns
         -------
         The restored pytree, shaped like ``target`` (or as nested dicts and lists).
+        Without a target, an Orbax step's jax arrays get the sharding Orbax recorded
+        when the device count matches, and are replicated otherwise.
 
         Raises
         ------
@@ -392,10 +417,17 @@ class AsyncCheckpointer:
         CorruptCheckpointError
             A chunk read back does not match the checksum recorded when it was saved,
             or is missing or unreadable.
+        KeyError
+            A target leaf is not in the step (the message names it and lists the saved
+            leaves), or an Orbax step has no item ``item``.
         ValueError
-            A target leaf's dtype differs from the saved one and ``cast`` is False.
+            A target leaf's shape differs from the saved one, or its dtype does and
+            ``cast`` is False; or an Orbax step holds several pytree items and
+            ``item`` is None.
         """
-        return self.restore_from(lambda: target, step, key=key, timeout_s=timeout_s, cast=cast)
+        return self.restore_from(
+            lambda: target, step, key=key, timeout_s=timeout_s, cast=cast, item=item
+        )
 
     def restore_from(
         self,
@@ -405,6 +437,7 @@ class AsyncCheckpointer:
         key: str | None = None,
         timeout_s: float | None = None,
         cast: bool = False,
+        item: str | None = None,
     ) -> Any:
         """:meth:`restore` into the target that ``get_target()`` returns.
 
@@ -427,7 +460,9 @@ class AsyncCheckpointer:
         journal = JournalWriter(self.root, op, self.process_index, Kind.RESTORE, step)
         journal.emit(Event.REQUESTED, process_count=self.process_count)
         try:
-            result = _restore.restore_step(step_dir(self.root, step), target, journal, cast=cast)
+            result = _restore.restore_step(
+                step_dir(self.root, step), target, journal, cast=cast, item=item
+            )
         except BaseException as e:
             journal.emit(
                 Event.FAILED,

@@ -1,86 +1,43 @@
 """Restore: every process reads only the regions its own devices need, and checks them.
 
-Every chunk a restore reads is checked against the checksum recorded when it was saved
-(:mod:`nbckpt.checksum`) before any of its values are used. A checksum covers a whole
-chunk, so each region a process needs is widened to whole chunks of the saved zarr grid
-and read whole, into one buffer. With the shardings of the save (the usual case) the
-regions are whole chunks already and nothing more is read; a target sharding that cuts
-chunks reads up to one more chunk at each edge of a region, which then is copied out of
-the checked buffer. Reads are checked in the order they complete, while the others are
-still in flight, so the check (CRC-32C, in hardware, without the GIL) overlaps the
-reading.
+Every chunk a restore of an nbckpt step reads is checked against the checksum recorded
+when it was saved (:mod:`nbckpt.checksum`) before any of its values are used; how the
+regions are read, widened to whole chunks and checked is :mod:`nbckpt.engine.reads`.
+The arrays come from the step's own layout (:mod:`nbckpt.engine.sources`): plain zarr v2
+arrays, or an OCDBT database of zarr v3 arrays for steps saved in Orbax's layout.
 
 A deleted chunk file fails the read (``fill_missing=False``): every chunk of a complete
 step exists on disk, so zarr's fill value would only hide the damage.
+
+Orbax's steps are restored by :mod:`nbckpt.engine.restore_orbax`, through the same
+reads; Orbax records no checksums, so those reads are not checked.
 """
 
 from __future__ import annotations
 
-import functools
-import itertools
 import math
-import os
-import queue
-import re
-from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
-import tensorstore as ts
 
 from nbckpt import checksum as _checksum
-from nbckpt.engine.storage import open_array_async
+from nbckpt.engine.reads import LeafRead, aligned_empty, check_dtype, read_all, target_parts
+from nbckpt.engine.sources import source_for
 from nbckpt.engine.tree import (
     PathEntry,
     leaf_name,
     legacy_leaf_name,
     path_entry,
-    path_str,
     unflatten_paths,
 )
-from nbckpt.engine.writer import chunk_key, chunk_regions
 from nbckpt.errors import CorruptCheckpointError, NbckptError
 from nbckpt.journal import JournalWriter
-from nbckpt.layout import CHECKSUMS_DIR, metadata_path, read_metadata
+from nbckpt.layout import CHECKSUMS_DIR, metadata_path, read_metadata, step_format
 from nbckpt.protocol import Event
 
 __all__ = ["aligned_empty", "default_sharding", "restore_step"]
-
-#: XLA's CPU client adopts a host buffer without copying it only if it is aligned to
-#: this many bytes; tensorstore's own read buffers are aligned to 16 only.
-_ALIGNMENT = 64
-
-#: Threads that check chunks while others are still being read: enough to keep up with
-#: fast storage (CRC-32C runs at several GB/s per core), few enough to leave the cores
-#: to the processes that share the host.
-_VERIFY_THREADS = max(1, min(4, (os.cpu_count() or 1) // 2))
-
-#: Where a region of a leaf lies: ``(start, stop)`` per dimension.
-Box = tuple[tuple[int, int], ...]
-
-#: tensorstore status codes that mean the stored data is missing or damaged (any other
-#: failure, such as PERMISSION_DENIED, is raised as it is).
-_DAMAGE = ("NOT_FOUND", "FAILED_PRECONDITION", "DATA_LOSS", "OUT_OF_RANGE")
-#: How tensorstore names a chunk in its errors: ``chunk {1, 0} stored at ...``.
-_CHUNK_IN_ERROR = re.compile(r"chunk \{([0-9, ]*)\}")
-#: ... or the file it could not read: ``Error reading local file "<dir>/1.0": ...``.
-_FILE_IN_ERROR = re.compile(r'file "(?:[^"]*/)?([0-9]+(?:\.[0-9]+)*)"')
-
-
-def aligned_empty(shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
-    """Return an uninitialized C-ordered array whose data is ``_ALIGNMENT``-aligned.
-
-    A restore reads each region into such a buffer, so that ``jax.device_put`` on a
-    CPU device takes it as it is instead of copying it once more.
-    """
-    nbytes = math.prod(shape) * dtype.itemsize
-    raw = np.empty(nbytes + _ALIGNMENT, np.uint8)
-    offset = -raw.ctypes.data % _ALIGNMENT
-    return raw[offset : offset + nbytes].view(dtype).reshape(shape)
 
 
 def default_sharding(meta: dict[str, Any]) -> jax.sharding.Sharding:
@@ -105,267 +62,6 @@ def default_sharding(meta: dict[str, Any]) -> jax.sharding.Sharding:
     return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
 
 
-def _target_parts(t: Any) -> tuple[jax.sharding.Sharding | None, Any, Any]:
-    """Return (sharding, shape, dtype) a target leaf asks for; None where it is silent."""
-    if isinstance(t, jax.ShapeDtypeStruct):
-        if t.sharding is None:
-            raise ValueError(f"target {t} has no sharding; give ShapeDtypeStruct(sharding=...)")
-        return t.sharding, tuple(t.shape), t.dtype
-    if isinstance(t, jax.sharding.Sharding):
-        return t, None, None
-    if isinstance(t, jax.Array):
-        return t.sharding, tuple(t.shape), t.dtype
-    return None, None, None
-
-
-def _index_key(index: tuple[slice, ...], shape: tuple[int, ...]) -> Box:
-    return tuple(sl.indices(d)[:2] for sl, d in zip(index, shape, strict=True))
-
-
-def _chunk_box(box: Box, shape: Sequence[int], chunks: Sequence[int]) -> Box:
-    """Widen ``box`` to the boundaries of the chunks it touches (clipped to the array)."""
-    return tuple(
-        (a // c * c, min(-(-b // c) * c, d))
-        for (a, b), c, d in zip(box, (max(1, c) for c in chunks), shape, strict=True)
-    )
-
-
-def _call(on_done: Callable[[_Read], None], read: _Read, _future: Any) -> None:
-    on_done(read)
-
-
-@dataclass
-class _Read:
-    """One read: a chunk-aligned box of one leaf, read whole into ``buf``."""
-
-    leaf: _Leaf
-    box: Box
-    buf: np.ndarray
-    future: Any = None
-
-
-class _Leaf:
-    """The reads of one leaf: opened, issued, checked as they complete, then assembled.
-
-    ``__init__`` starts opening the array, ``issue`` issues the reads, ``complete``
-    checks one finished read and places it on the devices that need it, and ``result``
-    assembles the leaf. The steps are separate so that a restore opens every leaf, then
-    issues every read, before it waits for any: tensorstore overlaps them all.
-    """
-
-    def __init__(
-        self,
-        directory: Path,
-        meta: dict[str, Any],
-        sharding: jax.sharding.Sharding | None,
-        dtype: Any,
-        recorded: dict[str, tuple[str, int]] | None,
-    ) -> None:
-        self.directory = directory
-        self.meta = meta
-        self.name: str = meta["name"]
-        self.where = path_str(tuple((k, v) for k, v in meta.get("path", [])))
-        self.sharding = sharding
-        self.dtype = None if dtype is None else np.dtype(dtype)
-        self.recorded = recorded
-        self.shape = tuple(int(s) for s in meta.get("shape", ()))
-        self.chunks = [int(c) for c in meta.get("chunks", [1] * len(self.shape))]
-        self.nbytes = 0
-        self.reads: dict[Box, _Read] = {}
-        #: (device, the box it needs) per addressable device; None means host values.
-        self.devices: list[tuple[Any, Box]] = []
-        self.placed: dict[int, Any] = {}
-        self._opening: Any = None
-        if meta["kind"] != "scalar":
-            self._opening = open_array_async(directory / self.name, fill_missing=False)
-
-    def _damaged(self, detail: str, key: str | None = None) -> CorruptCheckpointError:
-        where = self.directory / self.name
-        return CorruptCheckpointError(
-            str(where / key if key else where), f"leaf {self.where} ({self.name}): {detail}"
-        )
-
-    def _read_failed(self, e: Exception, box: Box) -> Exception:
-        """Turn a tensorstore error that means damage into CorruptCheckpointError."""
-        text = str(e)
-        if not text.startswith(_DAMAGE):
-            return e
-        m = _CHUNK_IN_ERROR.search(text)
-        key: str | None = None
-        if m is not None:
-            key = ".".join(p.strip() for p in m.group(1).split(",")) if m.group(1) else "0"
-            what = f"chunk {key}"
-        elif (f := _FILE_IN_ERROR.search(text)) is not None:
-            key = f.group(1)
-            what = f"chunk {key}"
-        else:
-            regions = chunk_regions(self._slices(box), self.shape, self.chunks)
-            keys = [chunk_key(g, self.chunks) for g, _ in itertools.islice(regions, 5)]
-            what = "one of chunks " + ", ".join(keys[:4]) + (", ..." if len(keys) > 4 else "")
-        if "is missing" in text:
-            return self._damaged(f"{what} is missing (its file was deleted?)", key)
-        return self._damaged(f"{what} cannot be read ({text})", key)
-
-    @staticmethod
-    def _slices(box: Box) -> tuple[slice, ...]:
-        return tuple(slice(a, b) for a, b in box)
-
-    def issue(self, on_done: Callable[[_Read], None]) -> int:
-        """Issue the reads of every region this process needs; return their number.
-
-        ``on_done(read)`` is called, on a tensorstore thread, as each read completes.
-        """
-        if self._opening is None:
-            return 0
-        try:
-            store = self._opening.result()
-        except ValueError as e:
-            if str(e).startswith("NOT_FOUND"):
-                raise self._damaged(f"its array is missing ({e})") from None
-            raise
-        dtype = np.dtype(self.meta["dtype"])
-        if tuple(store.shape) != self.shape or store.dtype.numpy_dtype != dtype:
-            raise self._damaged(
-                f"the array on disk is {list(store.shape)} {store.dtype.numpy_dtype}, the "
-                f"metadata says {list(self.shape)} {dtype}"
-            )
-        whole: Box = tuple((0, d) for d in self.shape)
-        if self.sharding is None:
-            self.devices.append((None, whole))
-        else:
-            for device, index in self.sharding.addressable_devices_indices_map(self.shape).items():
-                self.devices.append((device, _index_key(index, self.shape) if index else whole))
-        for _, want in self.devices:
-            box = _chunk_box(want, self.shape, self.chunks)
-            if box in self.reads:
-                continue
-            buf = aligned_empty(tuple(b - a for a, b in box), dtype)
-            read = _Read(self, box, buf)
-            dst = ts.array(buf, copy=False, write=True)
-            read.future = dst.write(store[self._slices(box)])
-            read.future.add_done_callback(functools.partial(_call, on_done, read))
-            self.reads[box] = read
-            self.nbytes += buf.nbytes
-        return len(self.reads)
-
-    def _verify(self, read: _Read) -> None:
-        """Check every chunk of ``read`` against its recorded checksum."""
-        recorded = self.recorded
-        if recorded is None:  # the step was saved without checksums
-            return
-        for glob, local in chunk_regions(self._slices(read.box), self.shape, self.chunks):
-            key = chunk_key(glob, self.chunks)
-            rec = recorded.get(key)
-            if rec is None:
-                raise self._damaged(f"chunk {key} has no recorded checksum", key)
-            algorithm, expected = rec
-            # A zero-copy view when the chunk spans the buffer's trailing dimensions
-            # (always, with the save's own sharding); a copy otherwise.
-            got = _checksum.checksum(read.buf[local], algorithm)
-            if got != expected:
-                raise self._damaged(
-                    f"chunk {key} does not match its checksum ({algorithm} recorded "
-                    f"{expected:08x}, read {got:08x})",
-                    key,
-                )
-
-    def check(self, read: _Read) -> None:
-        """Raise if a finished read failed, or if a chunk in it fails its checksum."""
-        try:
-            read.future.result()
-        except ValueError as e:
-            raise self._read_failed(e, read.box) from None
-        self._verify(read)
-
-    def place(self, read: _Read) -> None:
-        """Put what each device needs of a checked read on that device."""
-        for i, (device, want) in enumerate(self.devices):
-            if _chunk_box(want, self.shape, self.chunks) != read.box:
-                continue
-            host = read.buf
-            if want != read.box:  # the target cuts chunks: copy its part out
-                part = host[
-                    tuple(
-                        slice(a - o, b - o) for (a, b), (o, _) in zip(want, read.box, strict=True)
-                    )
-                ]
-                host = aligned_empty(part.shape, part.dtype)
-                host[...] = part
-            if self.dtype is not None and host.dtype != self.dtype:
-                host = host.astype(self.dtype)
-            self.placed[i] = host if device is None else jax.device_put(host, device)
-
-    def result(self) -> Any:
-        """Return the restored leaf: a Python number, a host array or a jax array."""
-        meta = self.meta
-        if meta["kind"] == "scalar":
-            value = meta["value"]
-            py_type = meta.get("py_type")
-            if py_type == "complex":
-                return complex(value[0], value[1])
-            return {"bool": bool, "int": int, "float": float}.get(py_type or "", lambda v: v)(value)
-        if self.sharding is None:
-            return self.placed[0]
-        bufs = [self.placed[i] for i in range(len(self.devices))]
-        return jax.make_array_from_single_device_arrays(self.shape, self.sharding, bufs)
-
-
-def _read_all(leaves: list[_Leaf], *, verify: bool) -> None:
-    """Issue every leaf's reads, check each as it completes, and place it on its devices.
-
-    The checks run on a few threads (the CRC releases the GIL), so that on a host with
-    cores to spare they keep up with the reads however fast the storage is; the main
-    thread places each read on its devices as soon as it is checked.
-    """
-    #: (a completed read, None) or (a checked read, its check's future).
-    events: queue.SimpleQueue[tuple[_Read, Future[None] | None]] = queue.SimpleQueue()
-    remaining = sum(leaf.issue(lambda r: events.put((r, None))) for leaf in leaves)
-    pool = None
-    if verify and remaining > 1:
-        pool = ThreadPoolExecutor(_VERIFY_THREADS, thread_name_prefix="nbckpt-verify")
-    try:
-        while remaining:
-            read, checked = events.get()
-            if checked is None and pool is not None:
-                checking = pool.submit(read.leaf.check, read)
-                checking.add_done_callback(functools.partial(_checked, events, read))
-                continue
-            if checked is None:
-                read.leaf.check(read)
-            else:
-                checked.result()
-            read.leaf.place(read)
-            remaining -= 1
-    finally:
-        if pool is not None:
-            # After a failure the reads and checks still running are of no use.
-            pool.shutdown(wait=False, cancel_futures=True)
-
-
-def _checked(
-    events: queue.SimpleQueue[tuple[_Read, Future[None] | None]], read: _Read, f: Future[None]
-) -> None:
-    events.put((read, f))
-
-
-def _check_dtype(name: str, meta: dict[str, Any], dtype: Any, cast: bool) -> None:
-    """Refuse a target dtype other than the saved one, unless ``cast`` allows it."""
-    if dtype is None or "dtype" not in meta:
-        return
-    try:
-        want = np.dtype(dtype)
-    except TypeError:
-        raise ValueError(
-            f"target leaf {name!r} has dtype {dtype}, which nbckpt cannot restore"
-        ) from None
-    saved = np.dtype(meta["dtype"])
-    if want != saved and not cast:
-        raise ValueError(
-            f"target leaf {name!r} asks for dtype {want}, but it was saved as {saved}; "
-            "pass cast=True to convert it, or give a target of the saved dtype"
-        )
-
-
 def _recorded(directory: Path) -> _checksum.Recorded | None:
     try:
         return _checksum.read_checksums(directory)
@@ -382,12 +78,18 @@ def restore_step(
     *,
     cast: bool = False,
     verify: bool = True,
+    item: str | None = None,
 ) -> Any:
     """Restore the complete step in ``directory`` (see ``AsyncCheckpointer.restore``).
 
-    Every chunk read is checked against the checksum recorded for it at save time. A
-    step saved without checksums (no ``_CHECKSUMS`` files: none were recorded) is
-    restored without that check; a deleted chunk file fails it all the same.
+    An nbckpt step: every chunk read is checked against the checksum recorded for it at
+    save time. A step saved without checksums (no ``_CHECKSUMS`` files: none were
+    recorded) is restored without that check, and its reads are not widened to whole
+    chunks; a deleted chunk file fails it all the same. An Orbax step (or pytree
+    directory) is restored by :func:`nbckpt.engine.restore_orbax.restore_orbax_step`.
+
+    The journal's ``read_done`` event records the bytes this process read and
+    ``verified``: whether every chunk read was checked against a recorded checksum.
 
     Parameters
     ----------
@@ -403,6 +105,9 @@ def restore_step(
     verify
         Check the chunks' checksums. Internal: only the benchmark turns it off, to
         measure what the check costs.
+    item
+        Which item of an Orbax ``CheckpointManager`` step to restore; None picks its
+        only pytree item. An nbckpt step has one tree: it must be None.
 
     Raises
     ------
@@ -412,13 +117,23 @@ def restore_step(
         leaf, the chunk and its file under ``directory``; nothing is returned.
     ValueError
         A target leaf's shape differs from the saved one, or its dtype does and
-        ``cast`` is False.
+        ``cast`` is False; or ``item`` is given for an nbckpt step.
     KeyError
         A target leaf is not in the step.
     """
+    if step_format(directory) == "orbax":
+        from nbckpt.engine.restore_orbax import restore_orbax_step
+
+        return restore_orbax_step(directory, target, journal, cast=cast, item=item)
+    if item is not None:
+        raise ValueError(
+            f"{directory} is an nbckpt step, which holds one tree; item={item!r} applies to "
+            "Orbax CheckpointManager steps only"
+        )
     meta = read_metadata(directory)
     if meta is None:
         raise NbckptError(f"cannot read {metadata_path(directory)}; run fsck on the root")
+    source = source_for(directory, meta)
     by_name = {m["name"]: m for m in meta["leaves"]}
     recorded = _recorded(directory) if verify else None
     if verify and recorded is None and meta.get("checksums"):
@@ -432,12 +147,12 @@ def restore_step(
 
     if journal is not None:
         journal.emit(Event.READ_STARTED)
-    leaves: list[_Leaf] = []
+    leaves: list[LeafRead] = []
     if target is None:
         paths: list[tuple[PathEntry, ...]] = []
         for m in meta["leaves"]:
             sharding = default_sharding(m) if m["kind"] == "jax" else None
-            leaves.append(_Leaf(directory, m, sharding, None, sums(m)))
+            leaves.append(LeafRead(source, m, sharding, None, sums(m)))
             paths.append(tuple((k, v) for k, v in m["path"]))
     else:
         flat, treedef = jax.tree_util.tree_flatten_with_path(target)
@@ -449,20 +164,24 @@ def restore_step(
             if m is None:
                 have = ", ".join(sorted(by_name)) or "none"
                 raise KeyError(f"target leaf {name!r} is not in {directory}; saved leaves: {have}")
-            sharding, shape, dtype = _target_parts(t)
+            sharding, shape, dtype = target_parts(t)
             if shape is not None and tuple(shape) != tuple(m.get("shape", ())):
                 raise ValueError(
                     f"target leaf {name!r} has shape {tuple(shape)}, saved shape is "
                     f"{tuple(m.get('shape', ()))}"
                 )
-            _check_dtype(name, m, dtype, cast)
-            leaves.append(_Leaf(directory, m, sharding, dtype, sums(m)))
-    _read_all(leaves, verify=recorded is not None)
+            check_dtype(name, m.get("dtype"), dtype, cast)
+            leaves.append(LeafRead(source, m, sharding, dtype, sums(m)))
+    read_all(leaves)
     values = [leaf.result() for leaf in leaves]
     if target is None:
         result = unflatten_paths(list(zip(paths, values, strict=True)))
     else:
         result = jax.tree_util.tree_unflatten(treedef, values)
     if journal is not None:
-        journal.emit(Event.READ_DONE, bytes=sum(leaf.nbytes for leaf in leaves))
+        journal.emit(
+            Event.READ_DONE,
+            bytes=sum(leaf.nbytes for leaf in leaves),
+            verified=recorded is not None,
+        )
     return result

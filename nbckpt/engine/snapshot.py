@@ -16,6 +16,7 @@ import numpy as np
 
 from nbckpt.engine.storage import chunk_shape
 from nbckpt.engine.tree import Leaf
+from nbckpt.formats.orbax_write import scalar_array_dtype
 
 __all__ = ["ShardWrite", "Snapshot", "describe_sharding", "take_snapshot"]
 
@@ -46,15 +47,20 @@ class Snapshot:
 def describe_sharding(sharding: Any) -> dict[str, Any]:
     """Return a JSON-able description of a sharding (enough to rebuild a NamedSharding)."""
     if isinstance(sharding, jax.sharding.NamedSharding):
+        mesh = sharding.mesh
         spec = [list(p) if isinstance(p, tuple) else p for p in sharding.spec]
         return {
             "type": "named",
-            "axis_names": [str(a) for a in sharding.mesh.axis_names],
-            "mesh_shape": [int(s) for s in sharding.mesh.devices.shape],
+            "axis_names": [str(a) for a in mesh.axis_names],
+            "mesh_shape": [int(s) for s in mesh.devices.shape],
             "spec": spec,
+            # Orbax's record of a sharding names the devices and axis types too, so
+            # that a restore without a target puts each shard where it was.
+            "device_ids": np.asarray(mesh.device_ids).tolist(),
+            "axis_types": [getattr(t, "name", str(t)) for t in mesh.axis_types],
         }
     if isinstance(sharding, jax.sharding.SingleDeviceSharding):
-        return {"type": "single_device"}
+        return {"type": "single_device", "device": str(next(iter(sharding.device_set)))}
     return {"type": type(sharding).__name__}
 
 
@@ -100,6 +106,14 @@ def _snapshot_leaf(
     if leaf.kind == "scalar":
         meta["py_type"] = type(leaf.value).__name__
         meta["value"] = _scalar_json(leaf.value)
+        # Stored as a 0-d array too, which is where Orbax reads a scalar from; nbckpt
+        # restores the inline value.
+        scalar_dtype = scalar_array_dtype(leaf.value)
+        if scalar_dtype is not None:
+            meta.update(shape=[], dtype=scalar_dtype, chunks=[])
+            if process == primary:
+                value = np.asarray(leaf.value, dtype=scalar_dtype)
+                snap.writes.append(ShardWrite(leaf.name, (), value, value.nbytes))
         snap.leaves.append(meta)
         return
     value = leaf.value

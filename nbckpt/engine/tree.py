@@ -10,6 +10,7 @@ import jax
 import numpy as np
 
 from nbckpt.engine.storage import dtype_supported
+from nbckpt.formats.orbax_names import ARRAY_METADATAS_DIR, SHARDING, TREE_METADATA
 from nbckpt.layout import (
     CHECKSUMS_DIR,
     COMMIT_FILE,
@@ -84,10 +85,13 @@ RESERVED_NAMES = frozenset(
         CHECKSUMS_DIR,
         OWNER_FILE,
         COMMIT_FILE,
-        # Orbax's records, which every step carries too (nbckpt.formats.orbax).
-        "_METADATA",
-        "_sharding",
-        "array_metadatas",
+        # Orbax's records, which every step carries too (nbckpt.formats.orbax_write).
+        # Nothing else needs reserving: in Orbax's format (format="orbax") the arrays
+        # are keys in an OCDBT database, never directories beside manifest.ocdbt, d/
+        # and ocdbt.process_<i>/.
+        TREE_METADATA,
+        SHARDING,
+        ARRAY_METADATAS_DIR,
     )
 )
 

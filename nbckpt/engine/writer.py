@@ -16,7 +16,7 @@ from nbckpt.engine import hooks
 from nbckpt.engine.snapshot import Snapshot
 from nbckpt.engine.storage import create_array_async, open_array
 
-__all__ = ["chunk_key", "chunk_regions", "create_arrays", "write_shards"]
+__all__ = ["array_leaves", "chunk_key", "chunk_regions", "create_arrays", "write_shards"]
 
 
 def create_arrays(directory: Path, snap: Snapshot) -> None:
@@ -29,11 +29,19 @@ def create_arrays(directory: Path, snap: Snapshot) -> None:
         create_array_async(
             directory / meta["name"], meta["shape"], np.dtype(meta["dtype"]), meta["chunks"]
         )
-        for meta in snap.leaves
-        if meta["kind"] != "scalar"
+        for meta in array_leaves(snap)
     ]
     for f in futures:
         f.result()
+
+
+def array_leaves(snap: Snapshot) -> list[dict[str, Any]]:
+    """The leaves stored as arrays: every one but a Python number no array can hold.
+
+    Python numbers are arrays too (0-d, where Orbax reads them); their metadata keeps
+    the inline value, which is what nbckpt restores.
+    """
+    return [meta for meta in snap.leaves if "chunks" in meta]
 
 
 def chunk_key(region: tuple[slice, ...], chunks: Sequence[int]) -> str:
@@ -87,6 +95,7 @@ def write_shards(
     watch: Callable[[], None] | None = None,
     watch_interval_s: float = 0.5,
     checksums: dict[str, Any] | None = None,
+    open_store: Callable[[str], Any] | None = None,
 ) -> int:
     """Write this process's shards into the arrays under ``directory``.
 
@@ -98,15 +107,17 @@ def write_shards(
     chunk written, by leaf and zarr chunk key (``"0.3"``), and under
     ``nbckpt.checksum.ALGORITHM_KEY`` the name of the algorithm, so that it is the
     complete content of a checksums file (see :mod:`nbckpt.checksum`); restore and
-    fsck verify against it.
+    fsck verify against it. ``open_store``, given a leaf's name, returns the
+    tensorstore to write it into (by default its zarr array under ``directory``).
 
     Returns
     -------
     int
         Bytes written.
     """
-    chunks_of = {m["name"]: m["chunks"] for m in snap.leaves if m["kind"] != "scalar"}
-    shapes_of = {m["name"]: m["shape"] for m in snap.leaves if m["kind"] != "scalar"}
+    chunks_of = {m["name"]: m["chunks"] for m in array_leaves(snap)}
+    shapes_of = {m["name"]: m["shape"] for m in array_leaves(snap)}
+    opener = open_store or (lambda leaf: open_array(directory / leaf))
     stores: dict[str, Any] = {}
     pending: list[tuple[Any, int]] = []
     algorithm = _checksum.default_algorithm()
@@ -115,7 +126,7 @@ def write_shards(
     for w in snap.writes:
         store = stores.get(w.leaf)
         if store is None:
-            store = stores[w.leaf] = open_array(directory / w.leaf)
+            store = stores[w.leaf] = opener(w.leaf)
         host = np.asarray(w.data)  # for a device array, waits for its host copy
         itemsize = host.dtype.itemsize
         for glob, local in chunk_regions(w.index, shapes_of[w.leaf], chunks_of[w.leaf]):

@@ -13,6 +13,7 @@ __all__ = [
     "OCDBT_MANIFEST",
     "OCDBT_PROCESS_PREFIX",
     "SHARDING",
+    "STRINGS",
     "TMP_SUFFIX",
     "TREE_METADATA",
 ]
@@ -33,3 +34,5 @@ OCDBT_MANIFEST = "manifest.ocdbt"
 OCDBT_PROCESS_PREFIX = "ocdbt.process_"
 #: Per-process array metadata: ``array_metadatas/process_<i>``.
 ARRAY_METADATAS_DIR = "array_metadatas"
+#: A pytree item's string leaves: one JSON object, keyed by each leaf's dotted name.
+STRINGS = "_strings.json"

@@ -1,0 +1,104 @@
+"""How a save stores its arrays: one small strategy per format, behind one interface.
+
+``Zarr2Arrays`` is nbckpt's own layout (an uncompressed zarr v2 array directory per
+leaf); ``OcdbtZarr3Arrays`` (:mod:`nbckpt.engine.ocdbt_writer`) is Orbax's (zarr v3
+arrays in per-process OCDBT databases, merged at the end). The background save never
+branches on the format: it asks the strategy, as it asks the commit strategy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from nbckpt.engine.ocdbt_writer import OcdbtZarr3Arrays
+from nbckpt.engine.snapshot import Snapshot
+from nbckpt.engine.writer import create_arrays, write_shards
+from nbckpt.formats.orbax_write import OrbaxFlags
+from nbckpt.protocol import FORMATS, NBCKPT_FORMAT, ORBAX_FORMAT, SaveFormat
+
+__all__ = ["ArrayFormat", "Zarr2Arrays", "format_for"]
+
+
+class ArrayFormat(Protocol):
+    """Where and how the processes of a save write their arrays.
+
+    Attributes
+    ----------
+    name
+        The save option that picks it (``"nbckpt"``, ``"orbax"``).
+    arrays
+        The ``arrays`` field of the step's nbckpt metadata; None for nbckpt's own
+        layout, which is what a step without the field holds.
+    flags
+        How Orbax's ``_METADATA`` describes the arrays.
+    """
+
+    name: SaveFormat
+    arrays: str | None
+    flags: OrbaxFlags
+
+    def create(self, work: Path, snap: Snapshot, process: int) -> None:
+        """Primary only, before anyone writes: create the arrays (their metadata)."""
+        ...
+
+    def write(
+        self,
+        work: Path,
+        snap: Snapshot,
+        process: int,
+        *,
+        progress: Callable[[int], None] | None = None,
+        watch: Callable[[], None] | None = None,
+        checksums: dict[str, Any] | None = None,
+    ) -> int:
+        """Write this process's shards durably, with their checksums; return the bytes."""
+        ...
+
+    def finish(self, work: Path, snap: Snapshot) -> None:
+        """Primary only, once every process has written: complete the arrays."""
+        ...
+
+
+class Zarr2Arrays:
+    """nbckpt's own layout: ``<step>/<leaf name>/``, an uncompressed zarr v2 array."""
+
+    name: SaveFormat = NBCKPT_FORMAT
+    arrays: str | None = None
+    flags = OrbaxFlags(use_ocdbt=False, use_zarr3=False)
+
+    def create(self, work: Path, snap: Snapshot, process: int) -> None:
+        """Create every array's directory and ``.zarray``."""
+        create_arrays(work, snap)
+
+    def write(
+        self,
+        work: Path,
+        snap: Snapshot,
+        process: int,
+        *,
+        progress: Callable[[int], None] | None = None,
+        watch: Callable[[], None] | None = None,
+        checksums: dict[str, Any] | None = None,
+    ) -> int:
+        """Write this process's chunks, one file each."""
+        return write_shards(work, snap, progress=progress, watch=watch, checksums=checksums)
+
+    def finish(self, work: Path, snap: Snapshot) -> None:
+        """Nothing: every chunk is in place once written."""
+
+
+def format_for(name: str | None) -> ArrayFormat:
+    """Return a fresh strategy for format ``name`` (None: nbckpt's own).
+
+    Raises
+    ------
+    ValueError
+        If ``name`` is not one of :data:`nbckpt.protocol.FORMATS`.
+    """
+    if name is None or name == NBCKPT_FORMAT:
+        return Zarr2Arrays()
+    if name == ORBAX_FORMAT:
+        return OcdbtZarr3Arrays()
+    raise ValueError(f"format must be one of {', '.join(map(repr, FORMATS))}, got {name!r}")
