@@ -27,6 +27,7 @@ from IPython.core.magic_arguments import ArgDecorator, argument, magic_arguments
 from nbckpt.protocol import (
     DEFAULT_BARRIER_TIMEOUT_S,
     DEFAULT_SAVE_TIMEOUT_S,
+    FORMATS,
     MODES,
     PHASES,
     Mode,
@@ -59,7 +60,6 @@ __all__ = [
     "RETENTION",
     "RestoreArgs",
     "RetentionArgs",
-    "SAVE_FORMATS",
     "SaveArgs",
     "TimelineArgs",
     "parse_barrier_args",
@@ -337,9 +337,6 @@ def parse_cluster_args(line: str) -> ClusterArgs:
         )
 
 
-#: The on-disk formats ``%ckpt_save --format`` offers (``AsyncCheckpointer.save(format=)``).
-SAVE_FORMATS: Final = ("nbckpt", "orbax")
-
 SAVE: Final = MagicArgs(
     "ckpt_save",
     argument("var", metavar="VAR", help="name of the pytree in every engine's namespace"),
@@ -357,7 +354,7 @@ SAVE: Final = MagicArgs(
     argument("--quiet", action="store_true", help="do not show the live per-process progress"),
     argument(
         "--format",
-        choices=list(SAVE_FORMATS),
+        choices=list(FORMATS),
         default="nbckpt",
         help="on-disk format: nbckpt's zarr arrays (Orbax reads them too), or Orbax's "
         "default OCDBT database, as Orbax itself writes it",
@@ -468,6 +465,11 @@ RESTORE: Final = MagicArgs(
     argument("--step", default="latest", metavar="N", help="step number, or 'latest' (default)"),
     DIR_ARG,
     timeout_arg(DEFAULT_SAVE_TIMEOUT_S, "deadline of each wait between engines"),
+    argument(
+        "--item",
+        metavar="NAME",
+        help="the item of an Orbax CheckpointManager step (default: its only pytree item)",
+    ),
 )
 
 
@@ -479,6 +481,7 @@ class RestoreArgs:
     step: int | None
     directory: str | None
     timeout_s: float
+    item: str | None = None
 
 
 def parse_restore_args(line: str) -> RestoreArgs:
@@ -490,6 +493,7 @@ def parse_restore_args(line: str) -> RestoreArgs:
             step=None if ns.step == "latest" else whole(ns.step, "--step (or 'latest')"),
             directory=directory(ns.dir),
             timeout_s=seconds(ns.timeout, "--timeout"),
+            item=None if ns.item is None else check_name(ns.item, "--item"),
         )
 
 

@@ -366,12 +366,14 @@ class CheckpointClient:
         *,
         directory: str | os.PathLike[str] | None = None,
         timeout_s: float = DEFAULT_SAVE_TIMEOUT_S,
+        item: str | None = None,
     ) -> list[dict[str, Any]]:
         """Restore ``step`` (None: latest) into the engines' variable ``var``.
 
         If ``var`` already holds a tree on the engines, its jax arrays' shardings (the
         current mesh) are the target; otherwise the saved layout is used. ``timeout_s``
-        is the engines' deadline for each of their waits on one another.
+        is the engines' deadline for each of their waits on one another. ``item``
+        names the item of an Orbax ``CheckpointManager`` step that holds several.
 
         Raises
         ------
@@ -387,7 +389,7 @@ class CheckpointClient:
             _interactive(_in_namespace),
             f"{AGENT}:restore_var",
             (var, root, step),
-            {"key": _call_key(), "timeout_s": timeout_s},
+            {"key": _call_key(), "timeout_s": timeout_s, "item": item},
             what=f"restore of {var!r}",
             timeout_s=None,
         )

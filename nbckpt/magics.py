@@ -215,7 +215,11 @@ class NbckptMagics(Magics):
         client = self._client()
         with _usage_errors():
             infos = client.restore(
-                args.var, args.step, directory=args.directory, timeout_s=args.timeout_s
+                args.var,
+                args.step,
+                directory=args.directory,
+                timeout_s=args.timeout_s,
+                item=args.item,
             )
         print(
             f"restored step {infos[0]['step']} into {args.var!r} on {len(infos)} processes "
@@ -238,7 +242,11 @@ class NbckptMagics(Magics):
     @a.LS
     @line_magic
     def ckpt_ls(self, line: str) -> None:
-        """List the steps in DIR (default: the cluster's --dir) with their states."""
+        """List the steps in DIR (default: the cluster's --dir): state, format, path, why.
+
+        The format says who wrote a step: ``nbckpt``, or ``orbax`` (an Orbax
+        checkpoint, which nbckpt reads and restores but never changes or deletes).
+        """
         root = self._root(a.parse_ls_args(line).directory, "ckpt_ls")
         try:
             rows = list_steps(root)
@@ -247,7 +255,8 @@ class NbckptMagics(Magics):
         if not rows:
             print(f"no steps in {root}")
         for r in rows:
-            print(f"{r['step']:>8}  {r['state']:<11}  {r['path']}  ({r['reason']})")
+            kind = r.get("format") or "-"
+            print(f"{r['step']:>8}  {r['state']:<11}  {kind:<6}  {r['path']}  ({r['reason']})")
 
     @a.FAULT
     @line_magic

@@ -24,6 +24,7 @@ from nbckpt.magics import NbckptMagics
 from nbckpt.protocol import (
     DEFAULT_BARRIER_TIMEOUT_S,
     DEFAULT_SAVE_TIMEOUT_S,
+    FORMATS,
     MODES,
     PHASES,
     check_name,
@@ -95,7 +96,7 @@ def _check_result(magic: str, result: Any) -> None:
         assert type(result.step) is int and 0 <= result.step <= a.MAX_STEP
     if isinstance(result, a.SaveArgs):
         assert result.mode in MODES
-        assert result.format in a.SAVE_FORMATS
+        assert result.format in FORMATS
         assert all(math.isfinite(v) and check_name(k, "metric") for k, v in result.metrics.items())
     if isinstance(result, a.BarrierArgs):
         assert check_name(result.name) == result.name
@@ -252,6 +253,7 @@ FLAGS = [
     "--best-mode",
     "--interval",
     "--keep-all",
+    "--item",
 ]
 token = st.one_of(st.sampled_from(HOSTILE), st.sampled_from(FLAGS), st.text(max_size=8))
 # Tokens joined as a shell would read them back (quoted), or raw (quotes and all).

@@ -148,6 +148,7 @@ def restore_var(
     key: str | None = None,
     timeout_s: float = DEFAULT_SAVE_TIMEOUT_S,
     cast: bool = False,
+    item: str | None = None,
 ) -> dict[str, Any]:
     """Restore ``step`` (None: the latest) into ``namespace[var]``.
 
@@ -168,7 +169,7 @@ def restore_var(
 
     ckptr = _checkpointer(root)
     t0 = time.perf_counter()
-    tree = ckptr.restore_from(target, step, key=key, timeout_s=timeout_s, cast=cast)
+    tree = ckptr.restore_from(target, step, key=key, timeout_s=timeout_s, cast=cast, item=item)
     jax.block_until_ready(tree)
     namespace[var] = tree
     parsed = parse_op_id(ckptr.last_op) if ckptr.last_op else None
