@@ -24,8 +24,6 @@ from nbckpt.formats.orbax_names import OCDBT_MANIFEST, SHARDING, TREE_METADATA
 from nbckpt.journal import read_operation
 from nbckpt.layout import CHECKSUMS_DIR, COMMIT_FILE, FORMAT, METADATA_FILE, all_steps
 
-pytest.importorskip("orbax.checkpoint")
-
 T = "tests.mh_orbax_write"
 OCDBT_DIRS = [f"ocdbt.process_{i}" for i in range(4)]
 
