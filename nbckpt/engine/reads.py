@@ -36,7 +36,15 @@ from nbckpt.engine.tree import path_str
 from nbckpt.engine.writer import chunk_key, chunk_regions
 from nbckpt.errors import CorruptCheckpointError
 
-__all__ = ["Box", "LeafRead", "aligned_empty", "check_dtype", "read_all", "target_parts"]
+__all__ = [
+    "Box",
+    "LeafRead",
+    "aligned_empty",
+    "check_dtype",
+    "check_shape",
+    "read_all",
+    "target_parts",
+]
 
 #: XLA's CPU client adopts a host buffer without copying it only if it is aligned to
 #: this many bytes; tensorstore's own read buffers are aligned to 16 only.
@@ -82,6 +90,14 @@ def target_parts(t: Any) -> tuple[jax.sharding.Sharding | None, Any, Any]:
     if isinstance(t, jax.Array):
         return t.sharding, tuple(t.shape), t.dtype
     return None, None, None
+
+
+def check_shape(name: str, saved: Sequence[int], shape: Sequence[int] | None) -> None:
+    """Refuse a target shape other than the saved one (None: the target names none)."""
+    if shape is not None and tuple(shape) != tuple(saved):
+        raise ValueError(
+            f"target leaf {name!r} has shape {tuple(shape)}, saved shape is {tuple(saved)}"
+        )
 
 
 def check_dtype(name: str, saved: Any, dtype: Any, cast: bool) -> None:

@@ -23,7 +23,14 @@ import jax
 import numpy as np
 
 from nbckpt import checksum as _checksum
-from nbckpt.engine.reads import LeafRead, aligned_empty, check_dtype, read_all, target_parts
+from nbckpt.engine.reads import (
+    LeafRead,
+    aligned_empty,
+    check_dtype,
+    check_shape,
+    read_all,
+    target_parts,
+)
 from nbckpt.engine.sources import source_for
 from nbckpt.engine.tree import (
     PathEntry,
@@ -165,11 +172,7 @@ def restore_step(
                 have = ", ".join(sorted(by_name)) or "none"
                 raise KeyError(f"target leaf {name!r} is not in {directory}; saved leaves: {have}")
             sharding, shape, dtype = target_parts(t)
-            if shape is not None and tuple(shape) != tuple(m.get("shape", ())):
-                raise ValueError(
-                    f"target leaf {name!r} has shape {tuple(shape)}, saved shape is "
-                    f"{tuple(m.get('shape', ()))}"
-                )
+            check_shape(name, m.get("shape", ()), shape)
             check_dtype(name, m.get("dtype"), dtype, cast)
             leaves.append(LeafRead(source, m, sharding, dtype, sums(m)))
     read_all(leaves)

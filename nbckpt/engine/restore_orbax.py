@@ -31,7 +31,7 @@ from typing import Any
 import jax
 import tensorstore as ts
 
-from nbckpt.engine.reads import LeafRead, check_dtype, read_all, target_parts
+from nbckpt.engine.reads import LeafRead, check_dtype, check_shape, read_all, target_parts
 from nbckpt.engine.restore import default_sharding
 from nbckpt.engine.sources import ORBAX_UNVERIFIED, OrbaxSource
 from nbckpt.engine.tree import PathEntry, path_entry, unflatten_paths
@@ -209,11 +209,7 @@ def restore_orbax_step(
             dtype = None
         else:
             sharding, want_shape, dtype = target_parts(t)
-            if want_shape is not None and tuple(want_shape) != shape:
-                raise ValueError(
-                    f"target leaf {leaf.name!r} has shape {tuple(want_shape)}, saved shape "
-                    f"is {shape}"
-                )
+            check_shape(leaf.name, shape, want_shape)
             check_dtype(leaf.name, saved, dtype, cast)
         chunks = store.chunk_layout.read_chunk.shape
         meta = {
