@@ -3,7 +3,8 @@
 A 2-process JAX job makes a real root: step 1 commits; the save of step 2 is abandoned
 because process 1 exits abruptly at the ``write_complete`` barrier. JupyterLab then
 serves that root on 127.0.0.1, and the test opens the sidebar from the command palette,
-checks both states and opens each save's per-process timeline. Screenshots go to
+checks both states (and a step Orbax wrote, marked as such) and opens each save's
+per-process timeline. Screenshots go to
 ``artifacts/``.
 """
 
@@ -39,6 +40,14 @@ def server_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
             group.collect("killed save", timeout_s=120)
     assert all_steps(root) == [1]
     assert (root / f"2{TMP_SUFFIX}").is_dir()
+    # A step Orbax itself wrote into the same root: listed, marked as Orbax's.
+    import numpy as np
+    import orbax.checkpoint as ocp
+
+    orbax_ckptr = ocp.StandardCheckpointer()
+    orbax_ckptr.save((root / "7").absolute(), {"x": np.arange(4.0)})
+    orbax_ckptr.wait_until_finished()
+    assert all_steps(root) == [1, 7]
     return server_root
 
 
@@ -67,6 +76,10 @@ def test_sidebar_shows_states_and_timelines(lab: str, server_root: Path) -> None
         expect(abandoned.locator(".nbckpt-badge-abandoned")).to_have_text("abandoned")
         expect(complete.locator(".nbckpt-procs")).to_have_text("2")
         expect(complete.locator(".nbckpt-size")).to_contain_text("KiB")
+        orbax = steps.locator("tr.nbckpt-step[data-path='7']")
+        expect(orbax.locator(".nbckpt-badge-complete")).to_have_text("complete")
+        expect(orbax.locator(".nbckpt-format")).to_have_text("Orbax")
+        expect(complete.locator(".nbckpt-format")).to_have_count(0)
         page.screenshot(path=ARTIFACTS / "lab_sidebar_steps.png")
 
         # The committed save: one row per process, barrier waits drawn apart.
