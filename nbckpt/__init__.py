@@ -17,10 +17,13 @@ from nbckpt.errors import (
     NbckptError,
     PeerDeadError,
     PeerFailedError,
+    RenameUnavailableError,
     RootNotWritableError,
     SaveFailedError,
     StepExistsError,
     StepNotFoundError,
+    StorageError,
+    StorageURLError,
 )
 from nbckpt.layout import all_steps, latest_step
 
@@ -45,10 +48,13 @@ __all__ = [
     "NbckptError",
     "PeerDeadError",
     "PeerFailedError",
+    "RenameUnavailableError",
     "RootNotWritableError",
     "SaveFailedError",
     "StepExistsError",
     "StepNotFoundError",
+    "StorageError",
+    "StorageURLError",
     "__version__",
     "all_steps",
     "latest_step",

@@ -12,7 +12,9 @@ restore can check every chunk it reads at close to full speed. Files written bef
 the algorithm was recorded have no ``"#algorithm"`` entry and hold zlib CRC-32 values.
 ``"#algorithm"`` can never be a leaf name: leaf names percent-encode ``#``.
 
-This module needs neither jax nor tensorstore: fsck uses it on the notebook side.
+A step may be local or in an object store (:mod:`nbckpt.storage`). This module needs
+neither jax nor tensorstore (an object store's requests import tensorstore when made):
+fsck uses it on the notebook side.
 """
 
 from __future__ import annotations
@@ -22,12 +24,13 @@ import json
 import os
 import zlib
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from nbckpt import storage
 from nbckpt.layout import CHECKSUMS_DIR
 
 __all__ = [
@@ -150,7 +153,7 @@ def checksum(data: Any, algorithm: str) -> int:
     raise ValueError(f"unknown checksum algorithm {algorithm!r}; known: {', '.join(ALGORITHMS)}")
 
 
-def read_checksums(step_path: str | os.PathLike[str]) -> Recorded | None:
+def read_checksums(step_path: str | os.PathLike[str] | storage.Location) -> Recorded | None:
     """Read and merge the checksums every process recorded for a step.
 
     Returns
@@ -162,17 +165,22 @@ def read_checksums(step_path: str | os.PathLike[str]) -> Recorded | None:
     Raises
     ------
     OSError
-        If a checksums file cannot be read.
+        If a checksums file cannot be read (:class:`~nbckpt.errors.StorageError` if the
+        store failed the request).
     ValueError
         If one is not valid JSON of the expected shape, or names an unknown algorithm.
     """
-    files = sorted((Path(step_path) / CHECKSUMS_DIR).glob("process_*.json"))
+    where = storage.location(step_path) / CHECKSUMS_DIR
+    files: list[storage.Location] = sorted(where.glob("process_*.json"), key=lambda f: f.name)
     if not files:
         return None
+    # One request per process's file; on an object store each is a round trip, so they
+    # are all in flight at once (a thread each, at most 16).
+    with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
+        texts = list(pool.map(lambda f: f.read_text(encoding="utf-8"), files))
     merged: Recorded = {}
-    for path in files:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+    for path, text in zip(files, texts, strict=True):
+        data = json.loads(text)
         if not isinstance(data, dict):
             raise ValueError(f"{path} does not hold a JSON object")
         algorithm = data.pop(ALGORITHM_KEY, CRC32)  # none recorded: written before CRC-32C

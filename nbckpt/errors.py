@@ -11,6 +11,9 @@ classes needs jax, so notebook-side code can catch them without importing it::
     ├── RootNotWritableError (PermissionError), ForeignEntryError (FileExistsError)
     ├── CommitRefusedError (FileExistsError)  commit-file mode cannot replace safely
     ├── CorruptCheckpointError                a chunk failed its checksum on restore
+    ├── StorageError (OSError)                the store failed a request (object stores)
+    ├── StorageURLError (ValueError)          a root URL nbckpt cannot store at
+    ├── RenameUnavailableError (ValueError)   rename mode asked of a store without rename
     └── ClusterError                          engines failed a call (notebook side)
         ├── ClusterGoneError                  process 0 died
         └── SaveFailedError                   a save failed on some processes
@@ -37,6 +40,9 @@ __all__ = [
     "SaveFailedError",
     "StepExistsError",
     "StepNotFoundError",
+    "StorageError",
+    "StorageURLError",
+    "RenameUnavailableError",
     "by_process",
     "outcome",
     "who",
@@ -157,6 +163,9 @@ class CheckpointError(NbckptError):
     previous_kept
         True when ``step`` was committed before this save (a forced re-save) and that
         earlier data is still there, complete.
+    unknown
+        True when the store could not be asked what the save left (it stopped
+        answering after the primary may have committed).
     """
 
     def __init__(
@@ -168,6 +177,7 @@ class CheckpointError(NbckptError):
         reason: str,
         committed: bool = False,
         previous_kept: bool = False,
+        unknown: bool = False,
     ) -> None:
         self.op = op
         self.step = step
@@ -176,14 +186,20 @@ class CheckpointError(NbckptError):
         self.reason = reason
         self.committed = committed
         self.previous_kept = previous_kept
+        self.unknown = unknown
         super().__init__(
             f"save of step {step} ({op}) failed on process {process} during {phase}: "
-            f"{reason}; {outcome(step, committed, previous_kept)}"
+            f"{reason}; {outcome(step, committed, previous_kept, unknown)}"
         )
 
 
-def outcome(step: int | None, committed: bool, previous_kept: bool) -> str:
+def outcome(step: int | None, committed: bool, previous_kept: bool, unknown: bool = False) -> str:
     """Say what a failed save left on disk, in the words every message uses."""
+    if unknown:
+        return (
+            f"the store could not be asked whether step {step} was committed: list the "
+            "steps once it answers again (a step is listed only if it is complete)"
+        )
     if committed:
         return f"step {step} had been committed before the failure and is complete on disk"
     if previous_kept:
@@ -279,8 +295,59 @@ class CommitRefusedError(NbckptError, FileExistsError):
 
     def __init__(self, path: str) -> None:
         self.path = path
+        local = "://" not in path
         super().__init__(
             f"step already committed at {path}, and commit-file mode writes in place, so "
             "replacing it would lose it if the new save failed; nothing was written: save "
-            "under a new step, or use mode='rename' to replace it safely"
+            + (
+                "under a new step, or use mode='rename' to replace it safely"
+                if local
+                else "under a new step (object stores have no rename, so a committed step "
+                "there is never replaced)"
+            )
+        )
+
+
+class StorageError(NbckptError, OSError):
+    """A request to the store holding the root failed (after the store's own retries).
+
+    Parameters
+    ----------
+    url
+        The object or prefix the request was about.
+    action
+        ``"read"``, ``"write"``, ``"list"`` or ``"delete"``.
+    reason
+        Why, in a few words (e.g. ``bucket 'ck' does not exist``).
+    advice
+        What to do about it.
+    """
+
+    def __init__(self, url: str, action: str, reason: str, advice: str) -> None:
+        self.url = url
+        self.action = action
+        self.reason = reason
+        super().__init__(f"{action} of {url} failed: {reason}; {advice}")
+
+
+class StorageURLError(NbckptError, ValueError):
+    """A root given as a URL whose scheme nbckpt cannot store checkpoints at."""
+
+    def __init__(self, url: str, supported: str) -> None:
+        self.url = url
+        super().__init__(
+            f"cannot store checkpoints at {url}: nbckpt supports {supported}; nothing was "
+            "written (a URL is never taken for a local path)"
+        )
+
+
+class RenameUnavailableError(NbckptError, ValueError):
+    """Rename mode was asked of a root whose store has no atomic rename."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        super().__init__(
+            f"rename mode is not available at {url}: object stores have no atomic rename, "
+            "so steps there are published by a commit object written last; leave mode "
+            "unset (or pass mode='commit_file')"
         )

@@ -10,6 +10,10 @@ records parse, that every array opens, and (where the save stored every chunk,
 records no checksums, so its data is not verified, and the report says so. ``clean``
 removes abandoned entries only; a complete or corrupt step, and anything nbckpt did
 not create (a ``foreign`` entry, Orbax's steps included), is never touched.
+
+A root may be local or in an object store (``s3://bucket/prefix``, see
+:mod:`nbckpt.storage`). A request the store fails raises
+:class:`~nbckpt.errors.StorageError`: it never makes a step look corrupt or absent.
 """
 
 from __future__ import annotations
@@ -21,9 +25,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from nbckpt import storage
+from nbckpt.errors import StorageError
 from nbckpt.formats import orbax as _orbax
 from nbckpt.inventory import STALE_AFTER_S, STATES, Entry, classify, existing_root
-from nbckpt.layout import DELETING_SUFFIX, read_metadata
+from nbckpt.layout import COMMIT_FILE, DELETING_SUFFIX, read_metadata
 
 __all__ = ["ORBAX_NOT_VERIFIED", "FsckReport", "fsck", "verify_orbax_step", "verify_step"]
 
@@ -57,7 +63,7 @@ class FsckReport:
         return "\n".join(lines)
 
 
-def verify_step(step_path: str | os.PathLike[str]) -> list[str]:
+def verify_step(step_path: str | os.PathLike[str] | storage.Location) -> list[str]:
     """Check a complete step's arrays against its metadata and recorded checksums.
 
     Every chunk is read and its checksum (CRC-32C, or zlib CRC-32 for steps saved
@@ -68,6 +74,11 @@ def verify_step(step_path: str | os.PathLike[str]) -> list[str]:
     -------
     list of str
         One line per problem; empty when everything matches.
+
+    Raises
+    ------
+    StorageError
+        The store failed to read the step's records (not a problem of the step).
     """
     import numpy as np
 
@@ -75,12 +86,14 @@ def verify_step(step_path: str | os.PathLike[str]) -> list[str]:
     from nbckpt.engine.sources import source_for
     from nbckpt.engine.writer import chunk_key, chunk_regions
 
-    path = Path(step_path)
+    path = storage.location(step_path)
     meta = read_metadata(path)
     if meta is None:
         return ["metadata missing or unreadable"]
     try:
         sums = read_checksums(path) or {}
+    except StorageError:
+        raise
     except (OSError, ValueError) as e:
         return [f"checksums unreadable: {e}"]
     try:
@@ -136,7 +149,9 @@ def verify_step(step_path: str | os.PathLike[str]) -> list[str]:
     return problems
 
 
-def verify_orbax_step(step_path: str | os.PathLike[str]) -> tuple[list[str], str]:
+def verify_orbax_step(
+    step_path: str | os.PathLike[str] | storage.Location,
+) -> tuple[list[str], str]:
     """Check what can be checked of an Orbax step: records, arrays, chunks.
 
     Orbax's records must parse; every array of every pytree item must open; and where
@@ -152,7 +167,7 @@ def verify_orbax_step(step_path: str | os.PathLike[str]) -> tuple[list[str], str
     """
     from nbckpt.engine.orbax_arrays import open_orbax_array_async
 
-    path = Path(step_path)
+    path = storage.location(step_path)
     step = _orbax.describe(path)
     if step is None:
         return [_orbax.describe_unknown(path)], ORBAX_NOT_VERIFIED
@@ -226,7 +241,7 @@ def _read_every_chunk(store: Any) -> list[str]:
 
 
 def fsck(
-    root: str | os.PathLike[str],
+    root: str | os.PathLike[str] | storage.Location,
     *,
     clean: bool = False,
     verify: bool = False,
@@ -237,9 +252,12 @@ def fsck(
     Parameters
     ----------
     root
-        The checkpoint root.
+        The checkpoint root: a path, or an object-store URL (``s3://bucket/prefix``).
     clean
-        Remove the abandoned entries (and only those).
+        Remove the abandoned entries (and only those). Locally each is first renamed
+        aside, then deleted. An object store has no rename: its commit object is
+        deleted first (so what is left is never taken for a complete step), then every
+        object under it.
     verify
         Read every array of every complete step and check shapes, dtypes and chunk
         checksums; a step that fails becomes ``corrupt``. An Orbax step is checked as
@@ -252,7 +270,9 @@ def fsck(
     Raises
     ------
     FileNotFoundError
-        If ``root`` is not a directory.
+        If ``root`` is a local path that is not a directory.
+    StorageError
+        If the root's store failed a request.
     """
     path = existing_root(root)
     report = FsckReport(root=str(path))
@@ -272,15 +292,29 @@ def fsck(
         report.entries.append(entry)
     if clean:
         for entry in report.by_state("abandoned"):
-            target = path / entry.path
-            # Move it out of the way atomically first: if its save were still alive and
-            # finalizing, either its rename or ours fails, and a committed step is never
-            # half removed.
-            doomed = path / f".{entry.path}.{uuid.uuid4().hex[:8]}{DELETING_SUFFIX}"
-            try:
-                os.rename(target, doomed)
-            except FileNotFoundError:
-                continue
-            shutil.rmtree(doomed)
-            report.removed.append(entry.path)
+            if _remove(path, entry.path):
+                report.removed.append(entry.path)
     return report
+
+
+def _remove(root: storage.Location, name: str) -> bool:
+    """Delete the abandoned entry ``name`` of ``root``; False if it was already gone."""
+    target = root / name
+    if isinstance(root, Path) and isinstance(target, Path):
+        # Move it out of the way atomically first: if its save were still alive and
+        # finalizing, either its rename or ours fails, and a committed step is never
+        # half removed.
+        doomed = root / f".{name}.{uuid.uuid4().hex[:8]}{DELETING_SUFFIX}"
+        try:
+            os.rename(target, doomed)
+        except FileNotFoundError:
+            return False
+        shutil.rmtree(doomed)
+        return True
+    # No rename in an object store: delete the commit object first, so that a removal
+    # cut short never leaves something that reads as a complete step; then the rest.
+    if not target.is_dir():
+        return False
+    (target / COMMIT_FILE).unlink(missing_ok=True)
+    storage.remove_tree(target)
+    return True

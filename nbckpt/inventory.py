@@ -29,6 +29,12 @@ Orbax's steps (:mod:`nbckpt.formats.orbax`) are listed with ``format="orbax"``:
 in them cannot be read. They are never cleaned. Other names under the root (the
 ``.nbckpt`` state directory, stray files) are not entries. Nothing here needs jax, and
 nothing here writes.
+
+A root may be local or in an object store (``s3://bucket/prefix``, see
+:mod:`nbckpt.storage`); entries are classified the same way. An object store lists
+keys without sizes or times, so there an entry's ``bytes`` is None (unknown) and its
+``time`` comes from its metadata only. A request the store fails raises
+:class:`~nbckpt.errors.StorageError`: it never makes an entry look absent or damaged.
 """
 
 from __future__ import annotations
@@ -36,11 +42,13 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from nbckpt import storage
+from nbckpt.errors import StorageError
 from nbckpt.formats import orbax as _orbax
 from nbckpt.formats.orbax_names import OCDBT_MANIFEST
 from nbckpt.formats.orbax_write import ORBAX_ARRAYS
@@ -94,9 +102,12 @@ class Entry:
     reason
         One line saying why the entry has this state.
     bytes
-        Total size of the files under the entry (apparent sizes).
+        Total size of the files under the entry (apparent sizes); None in an object
+        store, whose listing gives no sizes (summing them would cost a request per
+        object).
     time
-        When the step was finalized (from its metadata), else the entry's mtime.
+        When the step was finalized (from its metadata), else the entry's mtime (0.0
+        in an object store, which records no times for a prefix).
     process_count
         The number of processes of the save, from the metadata or the journal.
     op
@@ -112,7 +123,7 @@ class Entry:
     path: str
     state: State
     reason: str
-    bytes: int
+    bytes: int | None
     time: float
     process_count: int | None
     op: str | None
@@ -125,7 +136,7 @@ class Entry:
 
 
 def classify(
-    root: str | os.PathLike[str],
+    root: str | os.PathLike[str] | storage.Location,
     *,
     now: float | None = None,
     stale_after_s: float = STALE_AFTER_S,
@@ -135,7 +146,8 @@ def classify(
     Parameters
     ----------
     root
-        The checkpoint root. A missing root has no entries.
+        The checkpoint root: a path, a URL or a location. A missing root (or a prefix
+        with no objects) has no entries.
     now
         The wall time to judge staleness against (default: the current time).
     stale_after_s
@@ -146,36 +158,70 @@ def classify(
     -------
     list of Entry
         Sorted by step, then by path.
+
+    Raises
+    ------
+    StorageError
+        The root's store failed a request.
     """
     now = time.time() if now is None else now
-    try:
-        names = [e.name for e in os.scandir(root) if e.is_dir(follow_symlinks=False)]
-    except FileNotFoundError:
+    where = storage.location(root)
+    names = _subdir_names(where)
+    if names is None:
         return []
-    ops = _SaveOps(root)
+    ops = _SaveOps(where)
     entries = []
     for name in names:
-        entry = _classify_one(Path(root), name, ops, now, stale_after_s)
+        entry = _classify_one(where, name, ops, now, stale_after_s)
         if entry is not None:
             entries.append(entry)
     return sorted(entries, key=lambda e: (e.step, e.path))
 
 
-def existing_root(root: str | os.PathLike[str]) -> Path:
-    """Return ``root`` as an absolute path, or raise FileNotFoundError if it is no directory."""
-    path = Path(root).absolute()
+def _subdir_names(root: storage.Location) -> list[str] | None:
+    """The names of a root's subdirectories (symlinks not followed); None if it is missing.
+
+    On an object store, the prefixes one level below the root, from one listing (there
+    are no links); a root with no objects has none.
+    """
+    if not isinstance(root, Path):
+        return sorted({k.split("/", 1)[0] for k in root.list_keys() if "/" in k})
+    try:
+        return [e.name for e in os.scandir(root) if e.is_dir(follow_symlinks=False)]
+    except FileNotFoundError:
+        return None
+
+
+def existing_root(root: str | os.PathLike[str] | storage.Location) -> storage.Location:
+    """Return ``root`` as an absolute location; raise FileNotFoundError if it is no directory.
+
+    A local root must be an existing directory. An object-store root (a URL or an
+    :class:`~nbckpt.storage.ObjectPath`) is accepted as it is: a prefix exists only
+    while objects lie under it, so one without objects is an empty root, not an error.
+    (A missing bucket or an unreachable store shows as a
+    :class:`~nbckpt.errors.StorageError` once the root is listed.)
+    """
+    if isinstance(root, storage.ObjectPath) or (isinstance(root, str) and storage.is_url(root)):
+        where = storage.location(root)  # file:///… is a local path, checked below
+        if not isinstance(where, Path):
+            return where
+        path = where
+    else:
+        path = Path(root).absolute()
     if not path.is_dir():
         raise FileNotFoundError(f"no directory {path}; check the path, or save there first")
     return path
 
 
-def list_steps(root: str | os.PathLike[str]) -> list[dict[str, Any]]:
+def list_steps(root: str | os.PathLike[str] | storage.Location) -> list[dict[str, Any]]:
     """List every entry of a root with its state and format, as rows for ``%ckpt_ls``.
 
     Raises
     ------
     FileNotFoundError
-        If ``root`` is not a directory.
+        If ``root`` is a local path that is not a directory.
+    StorageError
+        If the root's store failed a request.
     """
     path = existing_root(root)
     return [
@@ -190,15 +236,15 @@ def list_steps(root: str | os.PathLike[str]) -> list[dict[str, Any]]:
     ]
 
 
-def find_save_op(root: str | os.PathLike[str], step: int) -> str | None:
+def find_save_op(root: str | os.PathLike[str] | storage.Location, step: int) -> str | None:
     """Return the id of the newest journaled save of ``step`` under ``root``, if any."""
-    return _SaveOps(root).newest(step)
+    return _SaveOps(storage.location(root)).newest(step)
 
 
 class _SaveOps:
     """Lazily index the root's journal: which save operations touched which step."""
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    def __init__(self, root: storage.Location) -> None:
         self.root = root
         self._by_step: dict[int, list[str]] | None = None
         self._records: dict[str, OperationRecord] = {}
@@ -225,20 +271,39 @@ class _SaveOps:
         return self._records[op]
 
 
-def _op_header(root: str | os.PathLike[str], op: str) -> tuple[str, int] | None:
-    """Return (kind, step) from the first readable event of an operation, cheaply."""
-    for path in sorted((ops_dir(root) / op).glob("process_*.jsonl")):
+def _op_header(root: storage.Location, op: str) -> tuple[str, int] | None:
+    """Return (kind, step) from the first readable event of an operation, cheaply.
+
+    A failure of the store (:class:`~nbckpt.errors.StorageError`) is raised.
+    """
+    files: list[storage.Location] = sorted(
+        (ops_dir(root) / op).glob("process_*.jsonl"), key=lambda f: f.name
+    )
+    for path in files:
         try:
-            with open(path, encoding="utf-8") as f:
-                ev = json.loads(f.readline())
+            line = _first_line(path)
+        except StorageError:
+            raise
+        except (OSError, UnicodeDecodeError):
+            continue
+        try:
+            ev = json.loads(line)
             return str(ev["kind"]), int(ev["step"])
-        except (OSError, ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError):
             continue
     return None
 
 
+def _first_line(path: storage.Location) -> str:
+    """The first line of a text file (an object is read whole: there is no partial read)."""
+    if isinstance(path, Path):
+        with open(path, encoding="utf-8") as f:
+            return f.readline()
+    return path.read_bytes().split(b"\n", 1)[0].decode("utf-8")
+
+
 def _classify_one(
-    root: Path, name: str, ops: _SaveOps, now: float, stale_after_s: float
+    root: storage.Location, name: str, ops: _SaveOps, now: float, stale_after_s: float
 ) -> Entry | None:
     path = root / name
     for suffix, is_deleting in ((TMP_SUFFIX, False), (DELETING_SUFFIX, True)):
@@ -292,7 +357,7 @@ def _classify_one(
     return _entry(path, step, "complete", Status.COMMITTED, op, **fields)
 
 
-def _orbax_entry(path: Path, step: int) -> Entry:
+def _orbax_entry(path: storage.Location, step: int) -> Entry:
     """Classify a step directory Orbax wrote: complete, unfinished (foreign) or damaged."""
     found = _orbax.describe(path)
     if found is None:  # it changed under us: say what is there now
@@ -309,7 +374,7 @@ def _orbax_entry(path: Path, step: int) -> Entry:
 
 
 def _temporary(
-    path: Path, step: int, mode: str, ops: _SaveOps, now: float, stale_after_s: float
+    path: storage.Location, step: int, mode: str, ops: _SaveOps, now: float, stale_after_s: float
 ) -> Entry:
     """Classify an entry a save writes into before it commits."""
     op = ops.newest(step)
@@ -356,7 +421,7 @@ def _metadata_op(meta: dict[str, Any] | None, ops: _SaveOps) -> str | None:
     return op if isinstance(op, str) and ops.exists(op) else None
 
 
-def _missing_arrays(path: Path, meta: dict[str, Any]) -> list[str]:
+def _missing_arrays(path: storage.Location, meta: dict[str, Any]) -> list[str]:
     leaves = meta.get("leaves")
     if not isinstance(leaves, list):
         return ["(leaf list)"]
@@ -364,14 +429,27 @@ def _missing_arrays(path: Path, meta: dict[str, Any]) -> list[str]:
         # One OCDBT database holds every array: its leaves cannot be listed without
         # reading it (fsck --verify opens each one).
         return [] if (path / OCDBT_MANIFEST).is_file() else [f"(the OCDBT {OCDBT_MANIFEST})"]
+    has_file = _file_test(path)
     missing = []
     for leaf in leaves:
         if not isinstance(leaf, dict) or leaf.get("kind") == "scalar":
             continue
         name = str(leaf.get("name", ""))
-        if not name or not (path / name / ".zarray").is_file():
+        if not name or not has_file(f"{name}/.zarray"):
             missing.append(name)
     return missing
+
+
+def _file_test(path: storage.Location) -> Callable[[str], bool]:
+    """Return a test of whether a file (a relative ``/``-separated name) is under ``path``.
+
+    Locally each name is looked up; in an object store the prefix is listed once, rather
+    than once per name.
+    """
+    if isinstance(path, Path):
+        return lambda rel: (path / rel).is_file()
+    keys = set(path.list_keys())
+    return lambda rel: "/".join(p for p in rel.split("/") if p) in keys
 
 
 def _float_or_none(value: Any) -> float | None:
@@ -379,7 +457,7 @@ def _float_or_none(value: Any) -> float | None:
 
 
 def _entry(
-    path: Path,
+    path: storage.Location,
     step: int,
     state: State,
     reason: str,
@@ -390,16 +468,20 @@ def _entry(
     time: float | None = None,
     format: StepFormat | None = None,
 ) -> Entry:
-    try:
-        mtime = path.stat().st_mtime
-    except OSError:
-        mtime = 0.0
+    mtime = 0.0
+    size: int | None = None
+    if isinstance(path, Path):  # an object store lists neither times nor sizes
+        try:
+            mtime = path.stat().st_mtime
+        except OSError:
+            mtime = 0.0
+        size = sum(_file_sizes(path))
     return Entry(
         step=step,
         path=path.name,
         state=state,
         reason=reason,
-        bytes=sum(_file_sizes(path)),
+        bytes=size,
         time=time if time is not None else mtime,
         process_count=process_count,
         op=op,

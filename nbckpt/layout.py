@@ -35,12 +35,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any, Literal
 
+from nbckpt import storage
+from nbckpt.errors import StorageError
 from nbckpt.formats import orbax as _orbax
 from nbckpt.protocol import COMMIT_FILE_MODE, RENAME, Mode
+from nbckpt.storage import Location
 
 __all__ = [
     "CHECKSUMS_DIR",
@@ -55,6 +57,7 @@ __all__ = [
     "EntryState",
     "Mode",
     "StepFormat",
+    "Where",
     "all_steps",
     "entry_state",
     "fsync_dir",
@@ -64,6 +67,7 @@ __all__ = [
     "metadata_path",
     "ops_dir",
     "parse_step",
+    "read_json",
     "read_metadata",
     "read_owner",
     "remove_aside",
@@ -98,19 +102,23 @@ EntryState = Literal["complete", "corrupt", "incomplete", "foreign"]
 StepFormat = Literal["nbckpt", "orbax"]
 
 
-def step_dir(root: str | os.PathLike[str], step: int) -> Path:
+#: A root, or a directory or file under it: a path, a URL or a location.
+Where = str | os.PathLike[str] | Location
+
+
+def step_dir(root: Where, step: int) -> Location:
     """Return the final directory of ``step`` under ``root``."""
-    return Path(root) / str(step)
+    return storage.location(root) / str(step)
 
 
-def tmp_dir(root: str | os.PathLike[str], step: int) -> Path:
+def tmp_dir(root: Where, step: int) -> Location:
     """Return the temporary directory a rename-mode save of ``step`` writes into."""
-    return Path(root) / f"{step}{TMP_SUFFIX}"
+    return storage.location(root) / f"{step}{TMP_SUFFIX}"
 
 
-def ops_dir(root: str | os.PathLike[str]) -> Path:
+def ops_dir(root: Where) -> Location:
     """Return the directory that holds one journal folder per operation."""
-    return Path(root) / STATE_DIR / "ops"
+    return storage.location(root) / STATE_DIR / "ops"
 
 
 def parse_step(name: str) -> int | None:
@@ -121,22 +129,31 @@ def parse_step(name: str) -> int | None:
     return None
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
+def read_json(path: Location) -> dict[str, Any] | None:
+    """Return a JSON object file's contents, or None if it is absent or unreadable.
+
+    A failure of the store itself (:class:`~nbckpt.errors.StorageError`) is raised:
+    a network error must never read as "no such file".
+    """
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+        data = json.loads(path.read_bytes())
+    except StorageError:
+        raise
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
 
 
-def metadata_path(path: str | os.PathLike[str]) -> Path:
+_read_json = read_json
+
+
+def metadata_path(path: Where) -> Location:
     """Return the file that holds (or would hold) nbckpt's metadata of a step directory.
 
     ``_NBCKPT_METADATA``, or ``_CHECKPOINT_METADATA`` for a step saved before the rename
     whose file is there and nbckpt's (Orbax uses that name too, for other contents).
     """
-    p = Path(path)
+    p = storage.location(path)
     new = p / METADATA_FILE
     if new.exists():
         return new
@@ -145,14 +162,14 @@ def metadata_path(path: str | os.PathLike[str]) -> Path:
     return legacy if data is not None and data.get("format") == FORMAT else new
 
 
-def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+def read_metadata(path: Where) -> dict[str, Any] | None:
     """Return nbckpt's parsed metadata of a step directory, or None if absent or unreadable.
 
     Reads ``_NBCKPT_METADATA``, or, for steps saved before it was named so,
     ``_CHECKPOINT_METADATA`` when that file is nbckpt's (an Orbax step's file of that
     name is not nbckpt metadata, and gives None).
     """
-    p = Path(path)
+    p = storage.location(path)
     data = _read_json(p / METADATA_FILE)
     if data is not None:
         return data
@@ -160,32 +177,26 @@ def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     return legacy if legacy is not None and legacy.get("format") == FORMAT else None
 
 
-def write_durable(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``text`` to ``path`` and fsync it before returning."""
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
+def write_durable(path: Where, text: str) -> None:
+    """Write ``text`` to ``path``; on return it is durable (fsync'd, or acknowledged)."""
+    storage.write_durable(storage.location(path), text)
 
 
-def write_owner(path: str | os.PathLike[str], op: str, mode: Mode, step: int) -> None:
+def write_owner(path: Where, op: str, mode: Mode, step: int) -> None:
     """Record, durably, that operation ``op`` created directory ``path``."""
     text = json.dumps({"format": FORMAT, "op": op, "mode": mode, "step": step})
-    write_durable(Path(path) / OWNER_FILE, text)
-    fsync_dir(path)
+    p = storage.location(path)
+    write_durable(p / OWNER_FILE, text)
+    fsync_dir(p)
 
 
-def read_owner(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+def read_owner(path: Where) -> dict[str, Any] | None:
     """Return the owner record of a directory nbckpt created, or None."""
-    try:
-        with open(Path(path) / OWNER_FILE, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) and data.get("format") == FORMAT else None
+    data = _read_json(storage.location(path) / OWNER_FILE)
+    return data if data is not None and data.get("format") == FORMAT else None
 
 
-def entry_state(path: str | os.PathLike[str]) -> EntryState:
+def entry_state(path: Where) -> EntryState:
     """Say what a ``<root>/<step>`` directory is, from the records in it.
 
     Returns
@@ -200,7 +211,7 @@ def entry_state(path: str | os.PathLike[str]) -> EntryState:
         A directory with unreadable metadata and no owner record (saved before owner
         records existed) counts as corrupt, the cautious reading.
     """
-    p = Path(path)
+    p = storage.location(path)
     if step_format(p) != "nbckpt":
         return "foreign"  # Orbax's step, or nobody's: never nbckpt's to touch
     if is_complete(p):
@@ -215,7 +226,7 @@ def entry_state(path: str | os.PathLike[str]) -> EntryState:
     return "corrupt" if (p / METADATA_FILE).exists() else "foreign"
 
 
-def is_complete(path: str | os.PathLike[str]) -> bool:
+def is_complete(path: Where) -> bool:
     """Tell whether a step directory is a complete checkpoint.
 
     Parameters
@@ -232,8 +243,8 @@ def is_complete(path: str | os.PathLike[str]) -> bool:
         a commit-file-mode directory without its commit file, unreadable metadata
         without a commit file, or a directory of neither kind is never complete.
     """
-    p = Path(path)
-    if parse_step(p.name) is None or not p.is_dir():
+    p = storage.location(path)
+    if parse_step(p.name) is None or (isinstance(p, Path) and not p.is_dir()):
         return False
     kind = step_format(p)
     if kind == "orbax":
@@ -246,7 +257,7 @@ def is_complete(path: str | os.PathLike[str]) -> bool:
     return meta is not None and meta.get("mode") == RENAME
 
 
-def step_format(path: str | os.PathLike[str]) -> StepFormat | None:
+def step_format(path: Where) -> StepFormat | None:
     """Say who wrote a directory, by the records in it, whether complete or not.
 
     Returns
@@ -257,15 +268,17 @@ def step_format(path: str | os.PathLike[str]) -> StepFormat | None:
         that Orbax can read it); else ``"orbax"`` if Orbax's records are in it (see
         :func:`nbckpt.formats.orbax.recognise`); else None.
     """
-    p = Path(path)
-    if not p.is_dir():
+    p = storage.location(path)
+    # On an object store a prefix "is a directory" only by having objects under it;
+    # the records below are looked up directly, which is cheaper than listing them all.
+    if isinstance(p, Path) and not p.is_dir():
         return None
     if read_owner(p) is not None or (p / METADATA_FILE).exists() or read_metadata(p) is not None:
         return "nbckpt"
     return "orbax" if _orbax.recognise(p) else None
 
 
-def all_steps(root: str | os.PathLike[str]) -> list[int]:
+def all_steps(root: Where) -> list[int]:
     """List the complete steps under ``root``, ascending.
 
     Parameters
@@ -281,52 +294,65 @@ def all_steps(root: str | os.PathLike[str]) -> list[int]:
         directories, and directories of neither kind, are never listed.
     """
     try:
-        entries = list(os.scandir(root))
-    except FileNotFoundError:
+        entries: list[Location] = list(storage.location(root).iterdir())
+    except (FileNotFoundError, NotADirectoryError):
         return []
     steps = []
     for entry in entries:
         step = parse_step(entry.name)
-        if step is not None and is_complete(entry.path):
+        if step is not None and is_complete(entry):
             steps.append(step)
     return sorted(steps)
 
 
-def latest_step(root: str | os.PathLike[str]) -> int | None:
+def latest_step(root: Where) -> int | None:
     """Return the newest complete step under ``root``, or None if there is none."""
     steps = all_steps(root)
     return steps[-1] if steps else None
 
 
-def fsync_dir(path: str | os.PathLike[str]) -> None:
-    """Make a directory's entries (creations, renames) durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def fsync_dir(path: Where) -> None:
+    """Make a directory's entries (creations, renames) durable (nothing on object stores)."""
+    storage.sync_dir(storage.location(path))
 
 
-def remove_aside(path: str | os.PathLike[str]) -> None:
+def remove_aside(path: Where) -> None:
     """Delete a directory of nbckpt's, never leaving it half removed under its name.
 
-    It is first renamed to ``<name>.nbckpt-deleting`` (out of every reader's view,
-    atomically) and that is made durable; then it is removed.
+    Locally it is first renamed to ``<name>.nbckpt-deleting`` (out of every reader's
+    view, atomically) and that is made durable; then it is removed. An object store
+    cannot rename, so the record that makes the step complete is deleted first (the
+    commit object; the metadata of a step that was renamed into place elsewhere and
+    copied there): from then on no reader takes what is left for a complete step,
+    while the owner record still marks it as nbckpt's to clean if the rest is not
+    deleted. Then the rest is deleted.
     """
-    p = Path(path)
+    p = storage.location(path)
+    if not storage.can_rename(p):
+        (p / COMMIT_FILE).unlink(missing_ok=True)
+        meta = read_metadata(p)
+        if meta is not None and meta.get("mode") == RENAME:
+            metadata_path(p).unlink(missing_ok=True)
+        storage.remove_tree(p)
+        return
     doomed = p.with_name(f"{p.name}{DELETING_SUFFIX}")
     if doomed.exists():
-        shutil.rmtree(doomed)  # a removal of ours that did not finish
+        storage.remove_tree(doomed)  # a removal of ours that did not finish
+    assert isinstance(p, Path) and isinstance(doomed, Path)
     os.rename(p, doomed)
     fsync_dir(p.parent)
-    shutil.rmtree(doomed)
+    storage.remove_tree(doomed)
 
 
-def fsync_tree_dirs(path: str | os.PathLike[str]) -> None:
+def fsync_tree_dirs(path: Where) -> None:
     """Fsync every directory under ``path``, deepest first, then ``path`` itself.
 
     The array files are fsync'd by their writers; this makes their directory entries
     durable too, so a rename that publishes the tree never points at missing names.
+    Object stores have no directory entries: nothing to do there.
     """
-    for dirpath, _dirnames, _files in os.walk(path, topdown=False):
+    p = storage.location(path)
+    if not isinstance(p, Path):
+        return
+    for dirpath, _dirnames, _files in os.walk(p, topdown=False):
         fsync_dir(dirpath)

@@ -13,12 +13,13 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
+from nbckpt import storage
 from nbckpt.journal import JournalReader, OperationRecord, ProcessRecord, merge_events
 from nbckpt.layout import ops_dir
 from nbckpt.protocol import BARRIER_PREFIX, END_EVENT, Event, Kind, Phase, Status
+from nbckpt.storage import Location
 
 __all__ = [
     "BarrierView",
@@ -249,18 +250,18 @@ class JournalTailer:
         not exist yet; :meth:`poll` finds nothing until it does.
     """
 
-    def __init__(self, root: str | os.PathLike[str], op: str) -> None:
-        self.root = Path(root)
+    def __init__(self, root: str | os.PathLike[str] | Location, op: str) -> None:
+        self.root = storage.location(root)
         self.op = op
         self._reader: JournalReader | None = None
         self._record: OperationRecord | None = None
         self.polled_at: float | None = None
 
-    def _folder(self) -> Path | None:
+    def _folder(self) -> Location | None:
         base = ops_dir(self.root)
         if "*" not in self.op:
             return base / self.op
-        matches = sorted(base.glob(self.op))
+        matches = storage.glob(base, self.op)
         if not matches:
             return None
         self.op = matches[0].name  # resolved: follow this one from now on

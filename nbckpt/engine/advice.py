@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 from nbckpt.errors import NbckptError
+from nbckpt.storage import Location, ObjectPath
 
 __all__ = ["advice", "reason"]
 
@@ -28,7 +28,7 @@ _ADVICE = (
 _TS_SPEC = re.compile(r"\s*\[tensorstore_spec='.*'\]", re.DOTALL)
 
 
-def advice(text: str, root: Path) -> str:
+def advice(text: str, root: Location) -> str:
     """Say what to do about a storage error, from its text (tensorstore wraps errno)."""
     for needles, what in _ADVICE:
         if any(n in text for n in needles):
@@ -36,8 +36,32 @@ def advice(text: str, root: Path) -> str:
     return ""
 
 
-def reason(error: BaseException, root: Path) -> str:
-    """One line for ``error``: its own text for nbckpt's errors, else ``Type: text``."""
-    text = str(error) if isinstance(error, NbckptError) else f"{type(error).__name__}: {error}"
+# What marks a tensorstore error as the object store's (its spec, or the HTTP exchange).
+_STORE_MARKS = (
+    '"driver":"s3"',
+    "http_response_code",
+    "CURL",
+    "connect to server",
+    "Connection refused",
+    "UNAVAILABLE",
+)
+
+
+def reason(error: BaseException, root: Location) -> str:
+    """One line for ``error``: its own text for nbckpt's errors, else ``Type: text``.
+
+    A request to an object store that failed (a tensorstore error about an ``s3``
+    spec, an HTTP status, a connection, or a timeout) is said the way the store's
+    backend classifies it: what failed, at which URL, and what to do.
+    """
+    raw = str(error)
+    if (
+        isinstance(root, ObjectPath)
+        and not isinstance(error, NbckptError)
+        and (isinstance(error, TimeoutError) or any(m in raw for m in _STORE_MARKS))
+    ):
+        why = root.classify(error)
+        return f"the store holding {root} failed: {why}; {root.advice(why)}"
+    text = raw if isinstance(error, NbckptError) else f"{type(error).__name__}: {error}"
     text = " ".join(_TS_SPEC.sub("", text).split())
     return text + advice(text, root)

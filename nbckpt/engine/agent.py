@@ -8,10 +8,10 @@ passes the values in.
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
+from nbckpt import storage
 from nbckpt.engine import faults, health
 from nbckpt.engine.checkpointer import AsyncCheckpointer
 from nbckpt.engine.process import info, initialize, pick_port, shutdown  # re-exported
@@ -21,7 +21,6 @@ from nbckpt.journal import JournalWriter
 from nbckpt.protocol import (
     DEFAULT_BARRIER_TIMEOUT_S,
     DEFAULT_SAVE_TIMEOUT_S,
-    RENAME,
     Event,
     Kind,
     Mode,
@@ -54,7 +53,7 @@ _checkpointers: dict[str, AsyncCheckpointer] = {}
 
 
 def _checkpointer(root: str) -> AsyncCheckpointer:
-    path = os.path.abspath(root)
+    path = str(storage.location(root))
     ckptr = _checkpointers.get(path)
     if ckptr is None:
         ckptr = _checkpointers[path] = AsyncCheckpointer(path)
@@ -82,7 +81,7 @@ def save_var(
     step: int,
     root: str,
     *,
-    mode: Mode = RENAME,
+    mode: Mode | None = None,
     force: bool = False,
     timeout_s: float = DEFAULT_SAVE_TIMEOUT_S,
     acknowledged: tuple[str, ...] = (),
@@ -149,13 +148,15 @@ def restore_var(
     timeout_s: float = DEFAULT_SAVE_TIMEOUT_S,
     cast: bool = False,
     item: str | None = None,
+    acknowledged: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """Restore ``step`` (None: the latest) into ``namespace[var]``.
 
     The value ``var`` holds now, if any, lends its jax arrays' shardings (the
     engines' current mesh); other leaves come back as saved. Without one the saved
     layout is used. The same checkpointer as the root's saves does the reading, so a
-    save in flight to that root finishes first.
+    save in flight to that root finishes first; its failure is raised here unless the
+    notebook already reported it (``acknowledged``), as for the next save.
     """
     import jax
 
@@ -168,6 +169,7 @@ def restore_var(
         return jax.tree.map(lambda x: x.sharding if isinstance(x, jax.Array) else ..., like)
 
     ckptr = _checkpointer(root)
+    _settle(ckptr, acknowledged)
     t0 = time.perf_counter()
     tree = ckptr.restore_from(target, step, key=key, timeout_s=timeout_s, cast=cast, item=item)
     jax.block_until_ready(tree)

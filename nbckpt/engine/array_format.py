@@ -9,7 +9,6 @@ branches on the format: it asks the strategy, as it asks the commit strategy.
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, Protocol
 
 from nbckpt.engine.ocdbt_writer import OcdbtZarr3Arrays
@@ -17,6 +16,7 @@ from nbckpt.engine.snapshot import Snapshot
 from nbckpt.engine.writer import create_arrays, write_shards
 from nbckpt.formats.orbax_write import OrbaxFlags
 from nbckpt.protocol import FORMATS, NBCKPT_FORMAT, ORBAX_FORMAT, SaveFormat
+from nbckpt.storage import Location
 
 __all__ = ["ArrayFormat", "Zarr2Arrays", "format_for"]
 
@@ -39,13 +39,13 @@ class ArrayFormat(Protocol):
     arrays: str | None
     flags: OrbaxFlags
 
-    def create(self, work: Path, snap: Snapshot, process: int) -> None:
+    def create(self, work: Location, snap: Snapshot, process: int) -> None:
         """Primary only, before anyone writes: create the arrays (their metadata)."""
         ...
 
     def write(
         self,
-        work: Path,
+        work: Location,
         snap: Snapshot,
         process: int,
         *,
@@ -56,7 +56,7 @@ class ArrayFormat(Protocol):
         """Write this process's shards durably, with their checksums; return the bytes."""
         ...
 
-    def finish(self, work: Path, snap: Snapshot) -> None:
+    def finish(self, work: Location, snap: Snapshot) -> None:
         """Primary only, once every process has written: complete the arrays."""
         ...
 
@@ -68,13 +68,13 @@ class Zarr2Arrays:
     arrays: str | None = None
     flags = OrbaxFlags(use_ocdbt=False, use_zarr3=False)
 
-    def create(self, work: Path, snap: Snapshot, process: int) -> None:
+    def create(self, work: Location, snap: Snapshot, process: int) -> None:
         """Create every array's directory and ``.zarray``."""
         create_arrays(work, snap)
 
     def write(
         self,
-        work: Path,
+        work: Location,
         snap: Snapshot,
         process: int,
         *,
@@ -85,7 +85,7 @@ class Zarr2Arrays:
         """Write this process's chunks, one file each."""
         return write_shards(work, snap, progress=progress, watch=watch, checksums=checksums)
 
-    def finish(self, work: Path, snap: Snapshot) -> None:
+    def finish(self, work: Location, snap: Snapshot) -> None:
         """Nothing: every chunk is in place once written."""
 
 

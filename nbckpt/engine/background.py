@@ -12,7 +12,6 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from nbckpt.engine import hooks
@@ -22,7 +21,13 @@ from nbckpt.engine.commit import CommitStrategy
 from nbckpt.engine.retention import apply_retention
 from nbckpt.engine.snapshot import Snapshot
 from nbckpt.engine.sync import Synchronizer
-from nbckpt.errors import BarrierTimeoutError, CheckpointError, PeerDeadError, PeerFailedError
+from nbckpt.errors import (
+    BarrierTimeoutError,
+    CheckpointError,
+    PeerDeadError,
+    PeerFailedError,
+    StorageError,
+)
 from nbckpt.formats.orbax_write import orbax_records
 from nbckpt.journal import JournalWriter
 from nbckpt.layout import (
@@ -46,11 +51,12 @@ from nbckpt.protocol import (
     barrier_phase,
 )
 from nbckpt.retention import RetentionPolicy
+from nbckpt.storage import Location
 
 __all__ = ["SaveJob", "fail"]
 
 
-def committed_by(final: Path, op: str) -> bool:
+def committed_by(final: Location, op: str) -> bool:
     """Whether ``final`` is complete and holds the step that operation ``op`` committed."""
     if not is_complete(final):
         return False
@@ -72,7 +78,7 @@ def _cause(error: BaseException, me: int) -> tuple[Cause, int | None]:
 def fail(
     sync: Synchronizer,
     journal: JournalWriter,
-    root: Path,
+    root: Location,
     error: BaseException,
     phase: str,
     *,
@@ -101,7 +107,7 @@ def fail(
 class SaveJob:
     """Everything the background part of one save needs."""
 
-    root: Path
+    root: Location
     op: str
     step: int
     snap: Snapshot
@@ -168,8 +174,15 @@ class SaveJob:
             # Past the finalize the step may be complete although a peer then failed;
             # a forced re-save that failed earlier left the old step as it was.
             final = step_dir(self.root, self.step)
-            committed = committed_by(final, self.op)
-            kept = not committed and is_complete(final)
+            unknown = False
+            try:
+                committed = committed_by(final, self.op)
+                kept = not committed and is_complete(final)
+            except StorageError:
+                # The store stopped answering. The primary commits only once every
+                # process has written: before that, nothing can have been committed.
+                committed = kept = False
+                unknown = written_everywhere
             text = fail(
                 self.sync,
                 self.journal,
@@ -179,7 +192,9 @@ class SaveJob:
                 committed=committed,
                 previous_kept=kept,
             )
-            return CheckpointError(self.op, self.step, me, phase, text, committed, kept)
+            return CheckpointError(
+                self.op, self.step, me, phase, text, committed, kept, unknown=unknown
+            )
         finally:
             self.journal.close()
         return None
@@ -189,7 +204,7 @@ class SaveJob:
         self.sync.barrier(self.op, name, timeout_s=self.timeout_s)
         self.journal.emit(Event.BARRIER_EXIT, name=name)
 
-    def _write(self, work: Path) -> None:
+    def _write(self, work: Location) -> None:
         """Write this process's shards and their checksums, durably."""
         self.journal.emit(Event.WRITE_STARTED, bytes=self.snap.nbytes)
 
@@ -229,7 +244,7 @@ class SaveJob:
             except Exception:
                 return  # the primary or the service is gone: the disk says the rest
 
-    def _write_metadata(self, work: Path) -> None:
+    def _write_metadata(self, work: Location) -> None:
         """Primary only: write nbckpt's and Orbax's metadata, then make the tree durable."""
         meta = {
             "format": FORMAT,

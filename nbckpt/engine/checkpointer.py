@@ -8,15 +8,15 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from nbckpt import storage
 from nbckpt.engine import health, hooks
 from nbckpt.engine import restore as _restore
 from nbckpt.engine.advice import reason as _reason
 from nbckpt.engine.array_format import format_for
 from nbckpt.engine.background import SaveJob, fail
-from nbckpt.engine.commit import strategy_for
+from nbckpt.engine.commit import mode_for, strategy_for
 from nbckpt.engine.preflight import Preflight
 from nbckpt.engine.snapshot import take_snapshot
 from nbckpt.engine.sync import SignalingClient, Synchronizer, default_client
@@ -35,6 +35,7 @@ from nbckpt.protocol import (
     check_timeout,
 )
 from nbckpt.retention import BestMode, RetentionPolicy, check_metrics, should_save
+from nbckpt.storage import Location
 
 __all__ = ["AsyncCheckpointer", "CheckpointerOptions"]
 
@@ -48,7 +49,9 @@ class CheckpointerOptions:
     mode
         ``"rename"``: write into ``<step>.nbckpt-tmp`` and rename it to ``<step>``.
         ``"commit_file"``: write into ``<step>`` and mark it complete with a
-        commit-success file, for stores whose rename is not atomic.
+        commit-success file, for stores whose rename is not atomic. The checkpointer
+        picks rename on local file systems and commit-file on object stores
+        (``s3://``), where rename mode is refused.
     primary
         The process that creates directories, finalizes and applies retention.
     timeout_s
@@ -89,7 +92,9 @@ class AsyncCheckpointer:
     ----------
     root
         The checkpoint root, a directory every process can write (shared storage when
-        the processes run on several hosts).
+        the processes run on several hosts), or an object-store URL such as
+        ``s3://bucket/prefix`` (see :mod:`nbckpt.storage` for its configuration). A
+        URL of another scheme is refused, never taken for a local path.
     mode, primary, timeout_s, format
         See :class:`CheckpointerOptions`; ``mode``, ``timeout_s`` and ``format`` are
         defaults that each call may override.
@@ -110,9 +115,9 @@ class AsyncCheckpointer:
 
     def __init__(
         self,
-        root: str | os.PathLike[str],
+        root: str | os.PathLike[str] | Location,
         *,
-        mode: Mode = RENAME,
+        mode: Mode | None = None,
         primary: int = 0,
         timeout_s: float = DEFAULT_SAVE_TIMEOUT_S,
         max_to_keep: int | None = None,
@@ -124,7 +129,8 @@ class AsyncCheckpointer:
         format: str | None = None,
         client: SignalingClient | None = None,
     ) -> None:
-        strategy_for(mode)  # validates the mode
+        where = storage.location(root)  # refuses a URL it cannot store at
+        mode = mode_for(where, mode)  # refuses rename mode on an object store
         format_for(format)  # validates the format
         timeout_s = check_timeout(timeout_s, "timeout_s")
         retention = RetentionPolicy(
@@ -135,7 +141,7 @@ class AsyncCheckpointer:
             best_mode=best_mode,
             save_interval_steps=save_interval_steps,
         )
-        self.root = Path(os.path.abspath(os.fspath(root)))
+        self.root: Location = where
         self.options = CheckpointerOptions(
             mode=mode, primary=primary, timeout_s=timeout_s, retention=retention, format=format
         )
@@ -270,7 +276,7 @@ class AsyncCheckpointer:
         self.wait_until_finished()
         step = _check_step(step)
         metrics = check_metrics(metrics)
-        strategy = strategy_for(mode or self.options.mode)
+        strategy = strategy_for(mode_for(self.root, mode or self.options.mode))
         arrays = format_for(format or self.options.format)
         timeout = check_timeout(timeout_s or self.options.timeout_s, "timeout_s")
         local: BaseException | None = None

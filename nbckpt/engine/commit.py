@@ -3,7 +3,9 @@
 ``RenameCommit`` writes into ``<step>.nbckpt-tmp`` and publishes it by renaming it to
 ``<step>`` (atomic on POSIX file systems). ``CommitFileCommit`` writes into ``<step>``
 itself and publishes it by writing ``commit_success.txt`` last, for stores whose rename
-is not atomic. The checkpointer never branches on the mode: it asks the strategy.
+is not atomic (object stores: there the commit object is written after every process's
+PUTs were acknowledged). The checkpointer never branches on the mode: it asks the
+strategy, and :func:`mode_for` picks the mode a root's store allows.
 
 Both keep the promise of DESIGN.md: a committed step stays restorable until its
 replacement commits, and nothing nbckpt did not create is written over or deleted.
@@ -15,10 +17,11 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
-import shutil
 from pathlib import Path
 from typing import Any, Protocol
 
+from nbckpt import storage
+from nbckpt.errors import RenameUnavailableError
 from nbckpt.layout import (
     COMMIT_FILE,
     DELETING_SUFFIX,
@@ -30,8 +33,9 @@ from nbckpt.layout import (
 )
 from nbckpt.layout import entry_state as _entry_state
 from nbckpt.protocol import COMMIT_FILE_MODE, RENAME, Mode
+from nbckpt.storage import Location
 
-__all__ = ["CommitFileCommit", "CommitStrategy", "RenameCommit", "strategy_for"]
+__all__ = ["CommitFileCommit", "CommitStrategy", "RenameCommit", "mode_for", "strategy_for"]
 
 
 class CommitStrategy(Protocol):
@@ -39,27 +43,27 @@ class CommitStrategy(Protocol):
 
     mode: Mode
 
-    def work_dir(self, root: Path, step: int) -> Path:
+    def work_dir(self, root: Location, step: int) -> Location:
         """The directory the processes write their shards into."""
         ...
 
-    def problem(self, root: Path, step: int, force: bool) -> dict[str, str] | None:
+    def problem(self, root: Location, step: int, force: bool) -> dict[str, str] | None:
         """Why this save must not start, as ``{"kind": ..., "path": ...}``, or None.
 
         Checked by the primary in the preflight, before anyone writes.
         """
         ...
 
-    def prepare(self, root: Path, step: int) -> Path:
+    def prepare(self, root: Location, step: int) -> Location:
         """Make the empty working directory; return it."""
         ...
 
-    def finalize(self, root: Path, step: int, op: str) -> None:
+    def finalize(self, root: Location, step: int, op: str) -> None:
         """Publish the working directory, whose contents are already durable."""
         ...
 
 
-def _final_problem(final: Path, force: bool) -> dict[str, str] | None:
+def _final_problem(final: Location, force: bool) -> dict[str, str] | None:
     """What stands at ``<step>`` that a save must not replace, if anything."""
     if not final.exists() and not final.is_symlink():
         return None
@@ -103,38 +107,42 @@ class RenameCommit:
 
     mode: Mode = RENAME
 
-    def work_dir(self, root: Path, step: int) -> Path:
+    def work_dir(self, root: Location, step: int) -> Location:
         """``<step>.nbckpt-tmp``."""
         return tmp_dir(root, step)
 
-    def problem(self, root: Path, step: int, force: bool) -> dict[str, str] | None:
+    def problem(self, root: Location, step: int, force: bool) -> dict[str, str] | None:
         """A foreign ``<step>``, or a committed one without ``force``."""
         return _final_problem(step_dir(root, step), force)
 
-    def prepare(self, root: Path, step: int) -> Path:
+    def prepare(self, root: Location, step: int) -> Location:
         """Make ``<step>.nbckpt-tmp`` afresh (the suffix is nbckpt's own)."""
         work = self.work_dir(root, step)
+        if not isinstance(work, Path):
+            raise RenameUnavailableError(str(root))
         if work.exists():
-            shutil.rmtree(work)  # left by an abandoned save of this step
+            storage.remove_tree(work)  # left by an abandoned save of this step
         work.mkdir(parents=True)
         return work
 
-    def finalize(self, root: Path, step: int, op: str) -> None:
+    def finalize(self, root: Location, step: int, op: str) -> None:
         """Rename the working directory to ``<step>``, swapping out an old one."""
         work, final = self.work_dir(root, step), step_dir(root, step)
+        if not isinstance(work, Path) or not isinstance(final, Path):
+            raise RenameUnavailableError(str(root))
         if not final.exists():
             os.rename(work, final)
         elif _exchange(work, final):
             fsync_dir(root)
-            shutil.rmtree(work)  # now the old step, no longer under a step name
+            storage.remove_tree(work)  # now the old step, no longer under a step name
         else:
             old = final.with_name(f"{step}{DELETING_SUFFIX}")
             if old.exists():
-                shutil.rmtree(old)
+                storage.remove_tree(old)
             os.rename(final, old)
             os.rename(work, final)
             fsync_dir(root)
-            shutil.rmtree(old)
+            storage.remove_tree(old)
         fsync_dir(root)
 
 
@@ -148,11 +156,11 @@ class CommitFileCommit:
 
     mode: Mode = COMMIT_FILE_MODE
 
-    def work_dir(self, root: Path, step: int) -> Path:
+    def work_dir(self, root: Location, step: int) -> Location:
         """``<step>`` itself."""
         return step_dir(root, step)
 
-    def problem(self, root: Path, step: int, force: bool) -> dict[str, str] | None:
+    def problem(self, root: Location, step: int, force: bool) -> dict[str, str] | None:
         """As for rename mode, and refuse to replace a committed step in place."""
         final = step_dir(root, step)
         found = _final_problem(final, force)
@@ -160,7 +168,7 @@ class CommitFileCommit:
             return {"kind": "replace_in_place", "path": str(final)}
         return found
 
-    def prepare(self, root: Path, step: int) -> Path:
+    def prepare(self, root: Location, step: int) -> Location:
         """Make ``<step>``, removing an uncommitted attempt of nbckpt's first."""
         work = self.work_dir(root, step)
         if work.exists():
@@ -169,12 +177,38 @@ class CommitFileCommit:
         work.mkdir(parents=True)
         return work
 
-    def finalize(self, root: Path, step: int, op: str) -> None:
+    def finalize(self, root: Location, step: int, op: str) -> None:
         """Write the commit-success file, durably."""
         final = step_dir(root, step)
         write_durable(final / COMMIT_FILE, f"{op}\n")
         fsync_dir(final)
         fsync_dir(root)
+
+
+def mode_for(root: Location, mode: str | None) -> Mode:
+    """The commit mode a save under ``root`` uses.
+
+    Parameters
+    ----------
+    root
+        The checkpoint root.
+    mode
+        What the user asked for, or None for the store's default: rename where the
+        store renames atomically (local file systems), the commit object elsewhere.
+
+    Raises
+    ------
+    RenameUnavailableError
+        If rename mode is asked of a store without atomic rename.
+    ValueError
+        If ``mode`` is not a mode.
+    """
+    if mode is None:
+        return RENAME if storage.can_rename(root) else COMMIT_FILE_MODE
+    strategy_for(mode)  # validates
+    if mode == RENAME and not storage.can_rename(root):
+        raise RenameUnavailableError(str(root))
+    return RENAME if mode == RENAME else COMMIT_FILE_MODE
 
 
 def strategy_for(mode: str) -> CommitStrategy:

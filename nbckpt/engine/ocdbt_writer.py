@@ -26,18 +26,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
 import tensorstore as ts
 
+from nbckpt import storage
 from nbckpt.engine.snapshot import Snapshot
 from nbckpt.engine.writer import array_leaves, write_shards
 from nbckpt.errors import NbckptError
 from nbckpt.formats.orbax_names import OCDBT_PROCESS_PREFIX
 from nbckpt.formats.orbax_write import ORBAX_ARRAYS, OrbaxFlags
 from nbckpt.protocol import ORBAX_FORMAT, SaveFormat
+from nbckpt.storage import Location
+from nbckpt.storage.s3 import RETRIES
 
 __all__ = [
     "COMPRESSION",
@@ -56,6 +58,8 @@ _CONTEXT: Final = {
     "file_io_concurrency": {"limit": 128},
     # B-tree nodes of the OCDBT databases, read back while merging.
     "cache_pool#ocdbt": {"total_bytes_limit": 100_000_000},
+    # Object stores: bounded retries with backoff, as for nbckpt's own arrays.
+    "s3_request_retries": RETRIES,
 }
 #: Orbax's OCDBT write options: a data file grows to at most 2 GiB; values up to
 #: 1 KiB (zarr.json, tiny chunks) live in the B-tree; one manifest file.
@@ -78,12 +82,12 @@ def new_context() -> ts.Context:
     return ts.Context(_CONTEXT)
 
 
-def process_db(work: Path, process: int) -> Path:
+def process_db(work: Location, process: int) -> Location:
     """Return the directory of process ``process``'s own OCDBT database in ``work``."""
     return work / f"{OCDBT_PROCESS_PREFIX}{process}"
 
 
-def kvstore_spec(directory: Path, *, write: bool) -> dict[str, Any]:
+def kvstore_spec(directory: Location, *, write: bool) -> dict[str, Any]:
     """Return the spec of the OCDBT database at ``directory``, as Orbax builds it.
 
     Data files are written in place (no temporary file and rename: nothing reads them
@@ -91,10 +95,12 @@ def kvstore_spec(directory: Path, *, write: bool) -> dict[str, Any]:
     write options; ``assume_config`` spares the empty manifest a new database would
     first get (each database has one writer).
     """
-    base = {"driver": "file", "path": f"{directory}/"}
+    base = storage.kvstore_spec(directory)
+    # Local files: no lock files (each database has one writer).
+    locking = {"file_io_locking": {"mode": "non_atomic"}} if base["driver"] == "file" else {}
     spec: dict[str, Any] = {
         "driver": "ocdbt",
-        "base": {**base, "file_io_locking": {"mode": "non_atomic"}},
+        "base": {**base, **locking},
         "manifest": base,
         "cache_pool": "cache_pool#ocdbt",
     }
@@ -131,7 +137,7 @@ def zarr3_metadata(shape: Sequence[int], chunks: Sequence[int]) -> dict[str, Any
     }
 
 
-def array_spec(db: Path, leaf: Mapping[str, Any]) -> dict[str, Any]:
+def array_spec(db: Location, leaf: Mapping[str, Any]) -> dict[str, Any]:
     """Return the tensorstore spec that writes ``leaf`` into the database at ``db``."""
     return {
         "driver": "zarr3",
@@ -160,7 +166,7 @@ class OcdbtZarr3Arrays:
     def __init__(self) -> None:
         self._context = new_context()
 
-    def create(self, work: Path, snap: Snapshot, process: int) -> None:
+    def create(self, work: Location, snap: Snapshot, process: int) -> None:
         """Primary only: write every array's zarr.json into its own database."""
         db = process_db(work, process)
         futures = [
@@ -172,7 +178,7 @@ class OcdbtZarr3Arrays:
 
     def write(
         self,
-        work: Path,
+        work: Location,
         snap: Snapshot,
         process: int,
         *,
@@ -194,7 +200,7 @@ class OcdbtZarr3Arrays:
             work, snap, progress=progress, watch=watch, checksums=checksums, open_store=open_store
         )
 
-    def finish(self, work: Path, snap: Snapshot) -> None:
+    def finish(self, work: Location, snap: Snapshot) -> None:
         """Primary only: merge every process's database into the step's, then check it.
 
         As Orbax's ``merge_ocdbt_per_process_files``: one atomic transaction copies each

@@ -16,18 +16,19 @@ the save stored every chunk (``store_array_data_equal_to_fill_value``).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import tensorstore as ts
 
+from nbckpt import storage
 from nbckpt.engine.storage import context
+from nbckpt.storage import Location
 
 __all__ = ["array_spec", "open_orbax_array_async"]
 
 
 def array_spec(
-    item_dir: Path, name: str, *, ocdbt: bool, zarr3: bool, fill_missing: bool = False
+    item_dir: Location, name: str, *, ocdbt: bool, zarr3: bool, fill_missing: bool = False
 ) -> dict[str, Any]:
     """Return the tensorstore spec that reads array ``name`` of ``item_dir``.
 
@@ -36,12 +37,11 @@ def array_spec(
     item's directory (the array under the key ``name``), or the plain file directory
     ``<item_dir>/<name>``.
     """
-    base = Path(item_dir).absolute()
     kvstore: dict[str, Any]
     if ocdbt:
-        kvstore = {"driver": "ocdbt", "base": f"file://{base}/", "path": name}
+        kvstore = {"driver": "ocdbt", "base": storage.kvstore_spec(item_dir), "path": name}
     else:
-        kvstore = {"driver": "file", "path": str(base / name)}
+        kvstore = storage.kvstore_spec(item_dir / name)
     return {
         "driver": "zarr3" if zarr3 else "zarr",
         "kvstore": kvstore,
@@ -50,7 +50,7 @@ def array_spec(
 
 
 def open_orbax_array_async(
-    item_dir: Path, name: str, *, ocdbt: bool, zarr3: bool, fill_missing: bool = False
+    item_dir: Location, name: str, *, ocdbt: bool, zarr3: bool, fill_missing: bool = False
 ) -> ts.Future[ts.TensorStore]:
     """Start opening array ``name`` of an Orbax pytree (or OCDBT nbckpt step) for reading.
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from pathlib import Path
 from typing import Any
 
 from nbckpt.engine.advice import reason
@@ -23,21 +22,23 @@ from nbckpt.errors import (
     RootNotWritableError,
     StepExistsError,
     StepNotFoundError,
+    StorageError,
 )
 from nbckpt.layout import all_steps, is_complete, latest_step, step_dir
 from nbckpt.protocol import Kind, Status, new_op_id
+from nbckpt.storage import Location
 
 __all__ = ["Preflight"]
 
 
-def _probe_writable(root: Path, process: int) -> None:
+def _probe_writable(root: Location, process: int) -> None:
     root.mkdir(parents=True, exist_ok=True)
     probe = root / f".nbckpt-probe-{process}-{uuid.uuid4().hex[:8]}"
     probe.write_bytes(b"")
     probe.unlink()
 
 
-def _raise_problem(root: Path, process: int, problem: dict[str, Any]) -> None:
+def _raise_problem(root: Location, process: int, problem: dict[str, Any]) -> None:
     """Raise, on every process alike, the error one process's preflight found."""
     kind = problem.get("kind")
     if kind == "root":
@@ -48,6 +49,8 @@ def _raise_problem(root: Path, process: int, problem: dict[str, Any]) -> None:
         raise ForeignEntryError(problem["path"])
     if kind == "replace_in_place":
         raise CommitRefusedError(problem["path"])
+    if kind == "store":
+        raise PeerFailedError(process, f"{problem['reason']}; nothing was saved or restored")
     if kind == "missing":
         raise StepNotFoundError(str(root), problem.get("wanted"), all_steps(root))
     raise PeerFailedError(process, str(problem.get("reason", Status.FAILED)))
@@ -66,7 +69,7 @@ class Preflight:
         The process that creates directories and picks the operation id.
     """
 
-    def __init__(self, sync: Synchronizer, root: Path, primary: int) -> None:
+    def __init__(self, sync: Synchronizer, root: Location, primary: int) -> None:
         self.sync = sync
         self.root = root
         self.primary = primary
@@ -83,11 +86,23 @@ class Preflight:
         """What this process found wrong, as JSON-able data (the primary adds the step)."""
         if local is not None:
             return {"kind": "local", "reason": reason(local, self.root)}
+        try:
+            return self._check(kind, step, strategy, force)
+        except StorageError as e:
+            # The store failed a request: shared like any problem, so that every process
+            # fails at once instead of waiting for this one.
+            return {"kind": "store", "reason": str(e)}
+
+    def _check(
+        self, kind: str, step: int | None, strategy: CommitStrategy | None, force: bool
+    ) -> dict[str, Any]:
         is_primary = self.sync.process_index == self.primary
         if kind == Kind.SAVE:
             assert strategy is not None and step is not None
             try:
                 _probe_writable(self.root, self.sync.process_index)
+            except StorageError:
+                raise
             except OSError as e:
                 return {"kind": "root", "reason": e.strerror or str(e)}
             if is_primary:

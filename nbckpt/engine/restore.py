@@ -16,7 +16,6 @@ reads; Orbax records no checksums, so those reads are not checked.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -43,6 +42,7 @@ from nbckpt.errors import CorruptCheckpointError, NbckptError
 from nbckpt.journal import JournalWriter
 from nbckpt.layout import CHECKSUMS_DIR, metadata_path, read_metadata, step_format
 from nbckpt.protocol import Event
+from nbckpt.storage import Location
 
 __all__ = ["aligned_empty", "default_sharding", "restore_step"]
 
@@ -69,7 +69,7 @@ def default_sharding(meta: dict[str, Any]) -> jax.sharding.Sharding:
     return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
 
 
-def _recorded(directory: Path) -> _checksum.Recorded | None:
+def _recorded(directory: Location) -> _checksum.Recorded | None:
     try:
         return _checksum.read_checksums(directory)
     except (OSError, ValueError) as e:
@@ -79,7 +79,7 @@ def _recorded(directory: Path) -> _checksum.Recorded | None:
 
 
 def restore_step(
-    directory: Path,
+    directory: Location,
     target: Any,
     journal: JournalWriter | None = None,
     *,

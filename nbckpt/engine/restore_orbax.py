@@ -25,7 +25,6 @@ scalars as Python numbers, strings as strings, empty nodes as ``None``, ``{}`` o
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -39,6 +38,7 @@ from nbckpt.errors import CorruptCheckpointError, NbckptError
 from nbckpt.formats import orbax as _orbax
 from nbckpt.journal import JournalWriter
 from nbckpt.protocol import Event
+from nbckpt.storage import Location
 
 __all__ = ["orbax_default_sharding", "restore_orbax_step"]
 
@@ -108,7 +108,7 @@ def _static(item: _orbax.OrbaxItem, leaf: _orbax.OrbaxLeaf, strings: dict[str, s
 
 
 def restore_orbax_step(
-    directory: Path,
+    directory: Location,
     target: Any,
     journal: JournalWriter | None = None,
     *,

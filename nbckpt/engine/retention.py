@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from nbckpt.layout import FORMAT, all_steps, read_metadata, remove_aside, step_dir
 from nbckpt.retention import RetentionPolicy, StepRecord
+from nbckpt.storage import Location
 
 __all__ = ["apply_retention", "records"]
 
 
-def records(root: Path) -> list[StepRecord]:
+def records(root: Location) -> list[StepRecord]:
     """The complete steps under ``root`` that nbckpt created, with their metrics.
 
     A step counts only if nbckpt's own metadata is in it: an Orbax step or a foreign
@@ -26,7 +25,7 @@ def records(root: Path) -> list[StepRecord]:
     return out
 
 
-def apply_retention(root: Path, policy: RetentionPolicy) -> list[int]:
+def apply_retention(root: Location, policy: RetentionPolicy) -> list[int]:
     """Remove the steps under ``root`` that ``policy`` does not keep; return them.
 
     Only complete steps nbckpt created are candidates, so a foreign, Orbax or corrupt

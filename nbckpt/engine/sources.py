@@ -8,7 +8,6 @@ which checks, which devices) does not depend on how the arrays are stored.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
 import tensorstore as ts
@@ -16,6 +15,7 @@ import tensorstore as ts
 from nbckpt.engine.orbax_arrays import open_orbax_array_async
 from nbckpt.engine.storage import open_array_async
 from nbckpt.formats.orbax_write import ORBAX_ARRAYS
+from nbckpt.storage import Location
 
 __all__ = ["ArraySource", "OrbaxSource", "Zarr2Source", "source_for"]
 
@@ -30,7 +30,7 @@ class ArraySource(Protocol):
     """Opens the arrays of one step (or Orbax item) by leaf name."""
 
     @property
-    def directory(self) -> Path:
+    def directory(self) -> Location:
         """The directory the arrays are in."""
         ...
 
@@ -55,7 +55,7 @@ class Zarr2Source:
     (``fill_missing=False``) instead of reading as zeros.
     """
 
-    directory: Path
+    directory: Location
 
     def open(self, name: str) -> ts.Future[ts.TensorStore]:
         """Open ``<directory>/<name>``."""
@@ -88,7 +88,7 @@ class OrbaxSource:
         The data was written by Orbax (its errors then say what cannot be checked).
     """
 
-    directory: Path
+    directory: Location
     ocdbt: bool
     zarr3: bool
     fill_missing: bool = False
@@ -113,7 +113,7 @@ class OrbaxSource:
         return ORBAX_UNVERIFIED if self.orbax else None
 
 
-def source_for(directory: Path, meta: dict[str, Any]) -> ArraySource:
+def source_for(directory: Location, meta: dict[str, Any]) -> ArraySource:
     """Return the source of an nbckpt step's arrays, by its metadata's ``arrays`` field.
 
     ``"ocdbt+zarr3"``: one OCDBT database of zarr v3 arrays at the step's top (as

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import tensorstore as ts
+
+from nbckpt import storage
+from nbckpt.storage import Location
+from nbckpt.storage.s3 import RETRIES
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
@@ -38,11 +41,19 @@ def context() -> ts.Context:
     """Return this process's tensorstore context.
 
     ``file_io_sync`` is on (tensorstore's default, spelled out because durability
-    depends on it): every file is fsync'd before its write commits.
+    depends on it): every file is fsync'd before its write commits. On S3 a write
+    commits when its PUT is acknowledged; a failed or throttled request is retried
+    with backoff a bounded number of times (:data:`nbckpt.storage.s3.RETRIES`).
     """
     global _context
     if _context is None:
-        _context = ts.Context({"file_io_sync": True, "cache_pool": {"total_bytes_limit": 0}})
+        _context = ts.Context(
+            {
+                "file_io_sync": True,
+                "cache_pool": {"total_bytes_limit": 0},
+                "s3_request_retries": RETRIES,
+            }
+        )
     return _context
 
 
@@ -67,12 +78,12 @@ def chunk_shape(
     return chunks
 
 
-def _spec(path: str | os.PathLike[str]) -> dict[str, Any]:
-    return {"driver": "zarr", "kvstore": {"driver": "file", "path": os.fspath(path)}}
+def _spec(path: Location) -> dict[str, Any]:
+    return {"driver": "zarr", "kvstore": storage.kvstore_spec(path)}
 
 
 def create_array_async(
-    path: str | os.PathLike[str], shape: Sequence[int], dtype: np.dtype[Any], chunks: Sequence[int]
+    path: Location, shape: Sequence[int], dtype: np.dtype[Any], chunks: Sequence[int]
 ) -> ts.Future[ts.TensorStore]:
     """Start creating an empty zarr array (metadata only) at ``path``.
 
@@ -92,15 +103,13 @@ def create_array_async(
 
 
 def create_array(
-    path: str | os.PathLike[str], shape: Sequence[int], dtype: np.dtype[Any], chunks: Sequence[int]
+    path: Location, shape: Sequence[int], dtype: np.dtype[Any], chunks: Sequence[int]
 ) -> None:
     """Create an empty zarr array (metadata only) at ``path`` (see ``create_array_async``)."""
     create_array_async(path, shape, dtype, chunks).result()
 
 
-def open_array_async(
-    path: str | os.PathLike[str], *, fill_missing: bool = True
-) -> ts.Future[ts.TensorStore]:
+def open_array_async(path: Location, *, fill_missing: bool = True) -> ts.Future[ts.TensorStore]:
     """Start opening an existing zarr array; the future's result is the store.
 
     A restore starts every leaf's open at once: each one reads a ``.zarray`` file,
@@ -125,7 +134,7 @@ def open_array_async(
     return ts.open(spec, open=True, context=context())
 
 
-def open_array(path: str | os.PathLike[str], *, fill_missing: bool = True) -> ts.TensorStore:
+def open_array(path: Location, *, fill_missing: bool = True) -> ts.TensorStore:
     """Open an existing zarr array for reading or writing (see ``open_array_async``)."""
     store: ts.TensorStore = open_array_async(path, fill_missing=fill_missing).result()
     return store

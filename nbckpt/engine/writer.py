@@ -6,7 +6,6 @@ import itertools
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -15,11 +14,12 @@ from nbckpt import checksum as _checksum
 from nbckpt.engine import hooks
 from nbckpt.engine.snapshot import Snapshot
 from nbckpt.engine.storage import create_array_async, open_array
+from nbckpt.storage import Location
 
 __all__ = ["array_leaves", "chunk_key", "chunk_regions", "create_arrays", "write_shards"]
 
 
-def create_arrays(directory: Path, snap: Snapshot) -> None:
+def create_arrays(directory: Location, snap: Snapshot) -> None:
     """Create the (empty) zarr array of every array leaf under ``directory``.
 
     All creations are started before any is waited for: each one makes a directory
@@ -88,7 +88,7 @@ def chunk_regions(
 
 
 def write_shards(
-    directory: Path,
+    directory: Location,
     snap: Snapshot,
     progress: Callable[[int], None] | None = None,
     progress_interval_s: float = 0.2,

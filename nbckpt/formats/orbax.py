@@ -35,8 +35,14 @@ entries: a sequence key becomes ``("index", i)``, a dict key ``("key", k)``. Orb
 stores attribute keys as dict keys and every dict key as a string, so neither an
 ``("attr", name)`` entry nor an integer dict key comes back.
 
-Nothing here writes, and nothing here needs jax or tensorstore: the notebook kernel,
-the server and the engine decide the same way.
+Every function takes a local path or a location (:mod:`nbckpt.storage`): an Orbax
+step in ``s3://bucket/prefix`` is read the same way, with the store's listing standing
+in for the directory's. A failing request to the store raises
+:class:`~nbckpt.errors.StorageError`; it is never taken for an absent file.
+
+Nothing here writes, and nothing here needs jax or tensorstore (an object store's
+requests import tensorstore when made): the notebook kernel, the server and the engine
+decide the same way.
 """
 
 from __future__ import annotations
@@ -51,6 +57,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from nbckpt import storage
+from nbckpt.errors import StorageError
 from nbckpt.formats.orbax_names import (
     ARRAY_METADATAS_DIR,
     CHECKPOINT_METADATA,
@@ -86,6 +94,9 @@ __all__ = [
     "tmp_target",
     "tree_leaves",
 ]
+
+#: A directory or file to read: a local path, a URL or a location.
+_Where = str | os.PathLike[str] | storage.Location
 
 #: What :func:`nbckpt.layout.step_format` calls a directory Orbax wrote.
 KIND = "orbax"
@@ -219,7 +230,7 @@ class OrbaxItem:
     """
 
     name: str | None
-    directory: Path
+    directory: storage.Location
     kind: ItemKind
     handler: str | None
     tree: TreeMetadata | None
@@ -255,7 +266,7 @@ class OrbaxStep:
         Always ``"orbax"``.
     """
 
-    path: Path
+    path: storage.Location
     state: OrbaxState
     reason: str
     items: tuple[OrbaxItem, ...]
@@ -331,12 +342,21 @@ def _list_items(items: tuple[OrbaxItem, ...]) -> str:
     return ", ".join(f"{i.label} ({i.kind})" for i in items)
 
 
-def _read_json(path: Path) -> Any:
-    """Return the parsed JSON of a file, or None if it is absent or unreadable."""
+def _read_json(path: storage.Location) -> Any:
+    """Return the parsed JSON of a file, or None if it is absent or unreadable.
+
+    A failure of the store (:class:`~nbckpt.errors.StorageError`) is raised, never
+    taken for an absent file.
+    """
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, ValueError):
+        raw = path.read_bytes()
+    except StorageError:
+        raise
+    except OSError:
+        return None
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except ValueError:  # not UTF-8, or not JSON
         return None
 
 
@@ -355,49 +375,66 @@ def tmp_target(name: str) -> str | None:
     return m.group("final") if m else None
 
 
-def read_checkpoint_metadata(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+def read_checkpoint_metadata(path: _Where) -> dict[str, Any] | None:
     """Return Orbax's ``_CHECKPOINT_METADATA`` of a directory, or None.
 
     None when the file is absent, unreadable, or not Orbax's (nbckpt's own steps saved
     before 0.2 used that name for their metadata, with a ``format`` field).
     """
-    data = _read_json(Path(path) / CHECKPOINT_METADATA)
+    data = _read_json(storage.location(path) / CHECKPOINT_METADATA)
     if not isinstance(data, dict) or "format" in data:
         return None
     return data if _STEP_METADATA_KEYS & data.keys() else None
 
 
-def _has_tree_metadata(path: Path) -> bool:
+def _has_tree_metadata(path: storage.Location) -> bool:
     data = _read_json(path / TREE_METADATA)
     return isinstance(data, dict) and "tree_metadata" in data
 
 
-def _orbax_commit_file(path: Path) -> bool:
+def _orbax_commit_file(path: storage.Location) -> bool:
+    commit = path / COMMIT_SUCCESS
     try:
-        with open(path / COMMIT_SUCCESS, encoding="utf-8", errors="replace") as f:
-            return f.read(len(_COMMIT_TEXT)) == _COMMIT_TEXT
+        if isinstance(commit, Path):
+            with open(commit, encoding="utf-8", errors="replace") as f:
+                return f.read(len(_COMMIT_TEXT)) == _COMMIT_TEXT
+        head = commit.read_bytes()[: 4 * len(_COMMIT_TEXT)]
+        return head.decode("utf-8", errors="replace").startswith(_COMMIT_TEXT)
+    except StorageError:
+        raise
     except OSError:
         return False
 
 
-def _subdirs(path: Path) -> list[Path]:
+def _subdirs(path: storage.Location) -> list[storage.Location]:
+    """The subdirectories of a directory, sorted; symlinks are not followed.
+
+    On an object store, the prefixes one level below (one listing; no links exist).
+    A directory that cannot be listed has none; a failing store raises.
+    """
+    if not isinstance(path, Path):
+        names = {k.split("/", 1)[0] for k in path.list_keys() if "/" in k}
+        return [path / n for n in sorted(names)]
     try:
         return sorted(Path(e.path) for e in os.scandir(path) if e.is_dir(follow_symlinks=False))
     except OSError:
         return []
 
 
-def recognise(path: str | os.PathLike[str]) -> bool:
+def recognise(path: _Where) -> bool:
     """Tell whether Orbax wrote a directory, from the records in it.
 
     Any one of these is enough: Orbax's ``_CHECKPOINT_METADATA``; a ``_METADATA`` with
     tree metadata; a ``commit_success.txt`` in Orbax's words; or a subdirectory (an
     item) holding Orbax's ``_CHECKPOINT_METADATA`` or tree metadata. Whether it is
     complete is :func:`is_complete`'s question; nbckpt's own records are not looked
-    for here (:func:`nbckpt.layout.step_format` asks about them first).
+    for here (:func:`nbckpt.layout.step_format` asks about them first). On an object
+    store, a prefix with none of these (or no objects at all) is not Orbax's.
     """
-    p = Path(path)
-    if not p.is_dir():
+    p = storage.location(path)
+    # A prefix "is a directory" only by having objects under it: its records are
+    # read directly, and the one listing below comes last.
+    if isinstance(p, Path) and not p.is_dir():
         return False
     if read_checkpoint_metadata(p) is not None or _has_tree_metadata(p):
         return True
@@ -409,7 +446,7 @@ def recognise(path: str | os.PathLike[str]) -> bool:
     )
 
 
-def is_complete(path: str | os.PathLike[str]) -> bool:
+def is_complete(path: _Where) -> bool:
     """Tell whether an Orbax directory is complete, by the rule of this module.
 
     Parameters
@@ -424,12 +461,16 @@ def is_complete(path: str | os.PathLike[str]) -> bool:
         temporary directories, and holds ``commit_success.txt`` or an Orbax
         ``_CHECKPOINT_METADATA`` with ``commit_timestamp_nsecs``.
     """
-    p = Path(path)
+    p = storage.location(path)
     if is_tmp_name(p.name) or not recognise(p):
         return False
+    return _committed(p, read_checkpoint_metadata(p))
+
+
+def _committed(p: storage.Location, meta: dict[str, Any] | None) -> bool:
+    """The completion rule, for a recognised directory whose Orbax metadata is ``meta``."""
     if (p / COMMIT_SUCCESS).is_file():
         return True
-    meta = read_checkpoint_metadata(p)
     return meta is not None and isinstance(meta.get("commit_timestamp_nsecs"), int)
 
 
@@ -438,7 +479,9 @@ def leaf_name(keys: list[str] | tuple[str, ...]) -> str:
     return ".".join(keys)
 
 
-def _key_path(where: Path, tuple_key: str, entry: dict[str, Any]) -> tuple[PathEntry, ...]:
+def _key_path(
+    where: storage.Location, tuple_key: str, entry: dict[str, Any]
+) -> tuple[PathEntry, ...]:
     """Return the key path of one tree-metadata entry as nbckpt path entries."""
     key_meta = entry.get("key_metadata")
     if key_meta is None:
@@ -469,7 +512,7 @@ def _key_path(where: Path, tuple_key: str, entry: dict[str, Any]) -> tuple[PathE
     return tuple(path)
 
 
-def read_tree_metadata(item_dir: str | os.PathLike[str]) -> TreeMetadata:
+def read_tree_metadata(item_dir: _Where) -> TreeMetadata:
     """Read a pytree item's ``_METADATA``.
 
     Parameters
@@ -482,7 +525,7 @@ def read_tree_metadata(item_dir: str | os.PathLike[str]) -> TreeMetadata:
     OrbaxFormatError
         The file is missing, is not JSON, or an entry is malformed.
     """
-    d = Path(item_dir)
+    d = storage.location(item_dir)
     where = d / TREE_METADATA
     data = _read_json(where)
     if not isinstance(data, dict) or not isinstance(data.get("tree_metadata"), dict):
@@ -517,19 +560,19 @@ def read_tree_metadata(item_dir: str | os.PathLike[str]) -> TreeMetadata:
     )
 
 
-def tree_leaves(item_dir: str | os.PathLike[str]) -> list[OrbaxLeaf]:
+def tree_leaves(item_dir: _Where) -> list[OrbaxLeaf]:
     """Return the leaves of a pytree item's tree metadata (see :func:`read_tree_metadata`)."""
     return list(read_tree_metadata(item_dir).leaves)
 
 
-def read_shardings(item_dir: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
+def read_shardings(item_dir: _Where) -> dict[str, dict[str, Any]]:
     """Return the saved sharding of each jax.Array leaf, by the leaf's dotted name.
 
     ``_sharding`` maps the URL-safe base64 of each name to a JSON string such as
     ``{"sharding_type": "NamedSharding", "shape": [2, 2], "axis_names": [...],
     "partition_spec": [...]}``. An absent or unreadable file, or entry, is left out.
     """
-    data = _read_json(Path(item_dir) / SHARDING)
+    data = _read_json(storage.location(item_dir) / SHARDING)
     out: dict[str, dict[str, Any]] = {}
     if not isinstance(data, dict):
         return out
@@ -544,23 +587,25 @@ def read_shardings(item_dir: str | os.PathLike[str]) -> dict[str, dict[str, Any]
     return out
 
 
-def read_strings(item_dir: str | os.PathLike[str]) -> dict[str, str]:
+def read_strings(item_dir: _Where) -> dict[str, str]:
     """Return the string leaves of a pytree item, by dotted name (empty if it has none)."""
-    data = _read_json(Path(item_dir) / STRINGS)
+    data = _read_json(storage.location(item_dir) / STRINGS)
     if not isinstance(data, dict):
         return {}
     return {str(k): v for k, v in data.items() if isinstance(v, str)}
 
 
-def _process_count(item_dir: Path) -> int | None:
+def _process_count(item_dir: storage.Location) -> int | None:
     try:
-        names = os.listdir(item_dir / ARRAY_METADATAS_DIR)
+        names = [p.name for p in (item_dir / ARRAY_METADATAS_DIR).iterdir()]
+    except StorageError:
+        raise
     except OSError:
         return None
     return sum(1 for n in names if n.startswith("process_")) or None
 
 
-def _item(name: str | None, directory: Path, handler: str | None) -> OrbaxItem:
+def _item(name: str | None, directory: storage.Location, handler: str | None) -> OrbaxItem:
     if not directory.is_dir():
         return OrbaxItem(name, directory, "other", handler, None, "its directory is missing")
     if (directory / TREE_METADATA).exists():
@@ -574,7 +619,7 @@ def _item(name: str | None, directory: Path, handler: str | None) -> OrbaxItem:
     return OrbaxItem(name, directory, "other", handler, None, None)
 
 
-def _items(path: Path, meta: dict[str, Any] | None) -> list[OrbaxItem]:
+def _items(path: storage.Location, meta: dict[str, Any] | None) -> list[OrbaxItem]:
     """The items of a step: the directory itself if it is a pytree, else its items."""
     handlers = meta.get("item_handlers") if meta is not None else None
     if (path / TREE_METADATA).exists():
@@ -604,7 +649,7 @@ def _summary(items: list[OrbaxItem]) -> str:
     return "; ".join(parts)
 
 
-def describe(step_dir: str | os.PathLike[str]) -> OrbaxStep | None:
+def describe(step_dir: _Where) -> OrbaxStep | None:
     """Describe an Orbax step or pytree directory; None if Orbax did not write it.
 
     Returns
@@ -613,7 +658,7 @@ def describe(step_dir: str | os.PathLike[str]) -> OrbaxStep | None:
         Its state by the completion rule of this module (see :class:`OrbaxStep`), its
         items with their tree metadata, and a one-line reason.
     """
-    p = Path(step_dir)
+    p = storage.location(step_dir)
     if not recognise(p):
         return None
     meta = read_checkpoint_metadata(p)
@@ -625,7 +670,7 @@ def describe(step_dir: str | os.PathLike[str]) -> OrbaxStep | None:
     if is_tmp_name(p.name):
         state: OrbaxState = "incomplete"
         reason = "an Orbax save's temporary directory (in progress, or abandoned)"
-    elif not is_complete(p):
+    elif not _committed(p, meta):
         state = "incomplete"
         reason = (
             f"an Orbax save that did not finish (no {COMMIT_SUCCESS}, no commit time in "
@@ -646,17 +691,25 @@ def describe(step_dir: str | os.PathLike[str]) -> OrbaxStep | None:
     )
 
 
-def describe_unknown(path: str | os.PathLike[str]) -> str:
+def describe_unknown(path: _Where) -> str:
     """Say in one line what a directory that is no step holds.
 
     Returns
     -------
     str
         ``"neither an nbckpt nor an Orbax step: found a, b, c"`` (the first few names,
-        sorted), or ``"... found nothing"`` for an empty directory.
+        sorted), or ``"... found nothing"`` for an empty directory (or a prefix with no
+        objects).
+
+    Raises
+    ------
+    StorageError
+        The store failed to list it.
     """
     try:
-        names = sorted(os.listdir(path))
+        names = sorted(p.name for p in storage.location(path).iterdir())
+    except StorageError:
+        raise
     except OSError as e:
         return f"neither an nbckpt nor an Orbax step: cannot list it ({e.strerror or e})"
     if not names:

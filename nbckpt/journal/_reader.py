@@ -8,14 +8,15 @@ read), and :func:`read_operation` is a single read with it.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nbckpt.layout import ops_dir
+from nbckpt import storage
+from nbckpt.layout import Where, ops_dir
 from nbckpt.protocol import BARRIER_PREFIX, END_EVENT, SPANS, Event, Kind, Status
+from nbckpt.storage import Location
 
 
 @dataclass
@@ -172,7 +173,7 @@ class JournalReader:
     killed writer, is never parsed half-written.
     """
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Location) -> None:
         self.folder = folder
         self._offsets: dict[int, int] = {}
         self._partial: dict[int, bytes] = {}
@@ -182,16 +183,14 @@ class JournalReader:
     def read(self) -> bool:
         """Read what was appended since the last read; tell whether there was anything."""
         grew = False
-        for path in sorted(self.folder.glob("process_*.jsonl")):
+        for path in storage.glob(self.folder, "process_*.jsonl"):
             try:
                 process = int(path.stem.removeprefix("process_"))
             except ValueError:
                 continue
             offset = self._offsets.get(process, 0)
             try:
-                with open(path, "rb") as f:
-                    f.seek(offset)
-                    chunk = f.read()
+                chunk = _read_from(path, offset)
             except FileNotFoundError:
                 continue
             if not chunk:
@@ -221,7 +220,20 @@ class JournalReader:
         return merge_events(op, self.events)
 
 
-def read_operation(root: str | os.PathLike[str], op: str) -> OperationRecord:
+def _read_from(path: Location, offset: int) -> bytes:
+    """What a journal record holds past ``offset``.
+
+    An object is put whole each time (see :mod:`nbckpt.journal._writer`) and only ever
+    grows, so reading it whole and skipping what was read gives the same as a seek.
+    """
+    if not isinstance(path, Path):
+        return path.read_bytes()[offset:]
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read()
+
+
+def read_operation(root: Where, op: str) -> OperationRecord:
     """Read and merge the journal of one operation.
 
     Parameters
@@ -253,12 +265,16 @@ def read_operation(root: str | os.PathLike[str], op: str) -> OperationRecord:
     return reader.merge(op)
 
 
-def list_operations(root: str | os.PathLike[str]) -> list[str]:
+def list_operations(root: Where) -> list[str]:
     """List the operation ids journaled under ``root``, oldest first.
 
     Operation ids begin with their UTC start time, so name order is time order.
     """
+    folder = ops_dir(root)
     try:
-        return sorted(e.name for e in os.scandir(ops_dir(root)) if e.is_dir())
-    except FileNotFoundError:
+        if isinstance(folder, Path):
+            return sorted(e.name for e in folder.iterdir() if e.is_dir())
+        # Every key below is a journal record, so every name one level down is an op.
+        return sorted({key.split("/", 1)[0] for key in folder.list_keys() if "/" in key})
+    except (FileNotFoundError, NotADirectoryError):
         return []

@@ -1,0 +1,144 @@
+"""Where a checkpoint root lives: one small interface over local disks and object stores.
+
+:func:`location` turns what a user typed into a *location*: a :class:`pathlib.Path`
+for a local (or shared POSIX) root, or an :class:`~nbckpt.storage.objects.ObjectPath`
+for ``s3://bucket/prefix``. Both offer the same part of pathlib's interface (``/``,
+``name``, ``exists``, ``iterdir``, ``read_bytes`` …), so the layout, the journal and
+every reader are written once. What differs is here, behind four functions:
+
+- :func:`write_durable`: on return the bytes survive a crash (fsync; an acknowledged PUT);
+- :func:`sync_dir`: make a directory's entries durable (no-op on object stores);
+- :func:`remove_tree`: delete a directory or prefix;
+- :func:`can_rename`: whether the store renames atomically (rename mode needs it);
+
+and :func:`kvstore_spec`, how tensorstore reaches a directory. A new backend (``gs://``)
+is a new :class:`ObjectPath` subclass registered in :data:`SCHEMES`.
+
+A URL whose scheme is not supported is an error, never a local path: ``s3:`` is not a
+directory name nbckpt will make. Nothing here imports tensorstore until a request is made.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, TypeAlias
+
+from nbckpt.errors import StorageURLError
+from nbckpt.storage import local as _local
+from nbckpt.storage.objects import ObjectPath
+from nbckpt.storage.s3 import S3Path
+
+__all__ = [
+    "SCHEMES",
+    "Location",
+    "ObjectPath",
+    "S3Path",
+    "can_rename",
+    "glob",
+    "is_url",
+    "kvstore_spec",
+    "location",
+    "remove_tree",
+    "sync_dir",
+    "write_durable",
+]
+
+#: A root or a path under it.
+Location: TypeAlias = Path | ObjectPath
+
+#: The object stores nbckpt can hold a root in, by URL scheme.
+SCHEMES: dict[str, type[ObjectPath]] = {"s3": S3Path}
+
+_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://(.*)$", re.DOTALL)
+# A store's scheme followed by a colon but not by "//".
+_NEAR_URL = re.compile(r"^(s3|gs|gcs|file|https?):(?!//)", re.IGNORECASE)
+
+
+def _supported() -> str:
+    return "local paths, file:// and " + ", ".join(f"{s}://" for s in SCHEMES)
+
+
+def is_url(root: object) -> bool:
+    """Whether ``root`` is written as a URL (``scheme://…``) rather than a path."""
+    return isinstance(root, ObjectPath) or (isinstance(root, str) and _URL.match(root) is not None)
+
+
+def location(root: str | os.PathLike[str] | Location) -> Location:
+    """Return the location ``root`` names.
+
+    Parameters
+    ----------
+    root
+        A local path (made absolute), ``file:///abs/path``, ``s3://bucket/prefix``, or
+        a location already.
+
+    Raises
+    ------
+    StorageURLError
+        For a URL of any other scheme, or ``s3://`` without a bucket.
+    """
+    if isinstance(root, ObjectPath):
+        return root
+    text = os.fspath(root)
+    match = _URL.match(text)
+    if match is None:
+        if _NEAR_URL.match(text):  # "s3:bucket/x" or "s3:/bucket/x": a typo, not a path
+            raise StorageURLError(text, _supported())
+        return Path(os.path.abspath(text))
+    scheme, rest = match.group(1).lower(), match.group(2)
+    supported = _supported()
+    if scheme == "file":
+        if not rest.startswith("/"):
+            raise StorageURLError(text, supported)
+        return Path(os.path.abspath(rest))
+    cls = SCHEMES.get(scheme)
+    if cls is None:
+        raise StorageURLError(text, supported)
+    bucket, _, key = rest.partition("/")
+    try:
+        return cls(bucket, key)
+    except ValueError as e:
+        raise StorageURLError(f"{text} ({e})", supported) from e
+
+
+def can_rename(loc: Location) -> bool:
+    """Whether the store renames a directory atomically (only local file systems)."""
+    return isinstance(loc, Path)
+
+
+def write_durable(loc: Location, data: bytes | str) -> None:
+    """Write ``data`` to ``loc``; on return it is durable (fsync'd, or acknowledged)."""
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    if isinstance(loc, Path):
+        _local.write_durable(loc, raw)
+    else:
+        loc.write_bytes(raw)
+
+
+def sync_dir(loc: Location) -> None:
+    """Make a local directory's entries durable; object stores need nothing."""
+    if isinstance(loc, Path):
+        _local.fsync_dir(loc)
+
+
+def remove_tree(loc: Location) -> None:
+    """Delete a directory (or every object under a prefix)."""
+    if isinstance(loc, Path):
+        _local.remove_tree(loc)
+    else:
+        loc.remove_tree()
+
+
+def glob(loc: Location, pattern: str) -> list[Location]:
+    """The entries right under ``loc`` whose name matches ``pattern``, sorted by name."""
+    found: list[Location] = list(loc.glob(pattern))
+    return sorted(found, key=lambda p: p.name)
+
+
+def kvstore_spec(loc: Location) -> dict[str, Any]:
+    """The tensorstore kvstore spec of a directory (its ``path`` ends in ``/``)."""
+    if isinstance(loc, Path):
+        return {"driver": "file", "path": f"{os.path.abspath(loc)}/"}
+    return loc.kvstore_spec()

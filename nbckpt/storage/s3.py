@@ -1,0 +1,120 @@
+"""``s3://bucket/prefix`` roots, on AWS or any S3-compatible store.
+
+Reached through tensorstore's ``s3`` kvstore driver, configured the way the AWS tools
+are, so the same code reaches AWS, MinIO, Ceph or GCS's S3 interface:
+
+- ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL``: the store's address (unset: AWS);
+- ``AWS_REGION`` or ``AWS_DEFAULT_REGION``: its region;
+- credentials: ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` (and
+  ``AWS_SESSION_TOKEN``) when set, else tensorstore's default chain (``AWS_PROFILE``,
+  ``~/.aws/credentials``, instance metadata).
+
+The environment is read when a path is made, so each process uses its own.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, ClassVar
+
+from nbckpt.storage.objects import ObjectPath
+
+__all__ = ["S3Path", "s3_settings"]
+
+#: Retries of a failed or throttled request (HTTP 5xx, ``SlowDown``), with a delay that
+#: doubles from ``initial_delay`` up to ``max_delay``: about 13 s in all before a
+#: request is reported as failed.
+RETRIES: dict[str, Any] = {"max_retries": 6, "initial_delay": "0.2s", "max_delay": "5s"}
+
+
+def s3_settings(env: dict[str, str] | None = None) -> dict[str, Any]:
+    """The endpoint, region and kind of credentials the environment gives.
+
+    Parameters
+    ----------
+    env
+        The environment to read (``os.environ`` by default).
+
+    Returns
+    -------
+    dict
+        ``endpoint`` (or None for AWS), ``region`` (or None) and ``credentials``:
+        ``"environment"`` or ``"default"``.
+    """
+    env = dict(os.environ if env is None else env)
+    endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or None
+    region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or None
+    keys = bool(env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY"))
+    return {
+        "endpoint": endpoint.rstrip("/") if endpoint else None,
+        "region": region,
+        "credentials": "environment" if keys else "default",
+    }
+
+
+class S3Path(ObjectPath):
+    """A key or prefix in an S3 bucket: ``S3Path("bucket", "ckpt/run1")``."""
+
+    scheme: ClassVar[str] = "s3"
+
+    def __init__(self, bucket: str, key: str = "") -> None:
+        super().__init__(bucket, key)
+        self.settings = s3_settings()
+
+    @property
+    def endpoint(self) -> str:
+        """The address requests go to."""
+        return self.settings["endpoint"] or "AWS"
+
+    def bucket_spec(self) -> dict[str, Any]:
+        """The ``s3`` kvstore of the bucket, with the endpoint and region configured."""
+        spec: dict[str, Any] = {
+            "driver": "s3",
+            "bucket": self.bucket,
+            "aws_credentials": {"type": self.settings["credentials"]},
+        }
+        if self.settings["endpoint"]:
+            spec["endpoint"] = self.settings["endpoint"]
+        if self.settings["region"]:
+            spec["aws_region"] = self.settings["region"]
+        return spec
+
+    def context_spec(self) -> dict[str, Any]:
+        """Bounded retries with backoff, so a dead store fails in seconds, not minutes."""
+        return {"s3_request_retries": RETRIES}
+
+    def classify(self, exc: BaseException) -> str:
+        """Name the failure the way a user can act on it."""
+        text = str(exc)
+        unreachable = (
+            "UNAVAILABLE",
+            "Connection refused",
+            "connect to server",
+            "Failed to connect",
+            "Empty reply from server",  # it took the connection, then closed it
+            "Server returned nothing",
+        )
+        if isinstance(exc, TimeoutError) or any(m in text for m in unreachable):
+            return f"the store at {self.endpoint} did not answer"
+        if "NoSuchBucket" in text:
+            return f"bucket {self.bucket!r} does not exist"
+        for code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "ExpiredToken"):
+            if code in text:
+                return f"the store refused the credentials ({code})"
+        if "PERMISSION_DENIED" in text or "UNAUTHENTICATED" in text:
+            return "the store refused the credentials"
+        if "SlowDown" in text or "RESOURCE_EXHAUSTED" in text:
+            return "the store kept throttling requests (SlowDown)"
+        return super().classify(exc)
+
+    def advice(self, reason: str) -> str:
+        """What the user should check for each kind of failure."""
+        if "did not answer" in reason:
+            return "check AWS_ENDPOINT_URL and that the store is up"
+        if "does not exist" in reason:
+            return "create the bucket or fix the URL"
+        if "credentials" in reason:
+            return "check AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE"
+        if "throttling" in reason:
+            return "save less often or to another prefix, then retry"
+        return "check the store and try again"
