@@ -173,7 +173,8 @@ class MagicArgs:
 #: ``--dir``: shared by every magic that reads or writes a checkpoint root.
 DIR_ARG: Final = argument(
     "--dir",
-    help="checkpoint directory (default: the cluster's --dir); quote a path with spaces",
+    help="checkpoint directory, or s3://bucket/prefix (default: the cluster's --dir); "
+    "quote a path with spaces",
 )
 #: An operation and its root, for the magics that read one operation's journal.
 OP_ARGS: Final = (
@@ -345,8 +346,9 @@ SAVE: Final = MagicArgs(
     argument(
         "--mode",
         choices=list(MODES),
-        default="rename",
-        help="finalize by renaming a temporary directory, or with a commit file",
+        default=None,
+        help="finalize by renaming a temporary directory, or with a commit file "
+        "(default: rename on a local disk, commit_file on an object store, s3://)",
     ),
     argument("--wait", action="store_true", help="block until the step is committed"),
     argument("--force", action="store_true", help="replace the step if it exists"),
@@ -376,7 +378,7 @@ class SaveArgs:
     var: str
     step: int
     directory: str | None
-    mode: Mode
+    mode: Mode | None
     wait: bool
     force: bool
     timeout_s: float

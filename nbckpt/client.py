@@ -17,9 +17,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nbckpt import storage
 from nbckpt.cluster import AGENT, ENGINE_DIED, JaxCluster, engine_errors, errors_by_process, remote
-from nbckpt.errors import ClusterGoneError, SaveFailedError, by_process, who
-from nbckpt.journal import OperationRecord, ProcessRecord, list_operations, read_operation
+from nbckpt.errors import ClusterGoneError, RenameUnavailableError, SaveFailedError, by_process, who
+from nbckpt.journal import (
+    OperationRecord,
+    ProcessRecord,
+    list_operations,
+    merge_events,
+    read_operation,
+)
 from nbckpt.layout import Mode, is_complete, ops_dir, read_metadata, step_dir
 from nbckpt.protocol import (
     DEFAULT_BARRIER_TIMEOUT_S,
@@ -97,8 +104,15 @@ class SaveHandle:
     reported: bool = field(default=False, repr=False)
 
     def record(self) -> OperationRecord:
-        """The merged journal of this save, as it stands now."""
-        return read_operation(self.root, self.op)
+        """The merged journal of this save, as it stands now (running until it appears).
+
+        On an object store a process's first events reach the bucket up to a quarter of
+        a second after ``save`` returned (its journal is put whole, once per flush).
+        """
+        try:
+            return read_operation(self.root, self.op)
+        except FileNotFoundError:
+            return merge_events(self.op, {})
 
     def status(self) -> str:
         """:class:`~nbckpt.protocol.Status` ``RUNNING``, ``COMMITTED`` or ``FAILED``."""
@@ -247,7 +261,7 @@ class CheckpointClient:
         self, cluster: JaxCluster, directory: str | os.PathLike[str] | None = None
     ) -> None:
         self.cluster = cluster
-        self.directory = None if directory is None else os.path.abspath(directory)
+        self.directory = None if directory is None else str(storage.location(directory))
         self.handles: list[SaveHandle] = []
         self._acknowledged: set[str] = set()
 
@@ -263,7 +277,7 @@ class CheckpointClient:
             If neither is set.
         """
         if directory is not None:
-            return os.path.abspath(directory)
+            return str(storage.location(directory))
         if self.directory is None:
             raise ValueError(
                 "no checkpoint directory: pass --dir, or start the cluster with --dir D"
@@ -276,7 +290,7 @@ class CheckpointClient:
         step: int,
         *,
         directory: str | os.PathLike[str] | None = None,
-        mode: Mode = "rename",
+        mode: Mode | None = None,
         force: bool = False,
         timeout_s: float = DEFAULT_SAVE_TIMEOUT_S,
         metrics: Mapping[str, float] | None = None,
@@ -298,6 +312,8 @@ class CheckpointClient:
             unsupported leaf, or the previous save's failure); it names the processes.
         """
         timeout_s = check_timeout(timeout_s, "timeout_s")
+        if mode == "rename" and not storage.can_rename(storage.location(self.root(directory))):
+            raise RenameUnavailableError(self.root(directory))
         checked = check_metrics(metrics)
         self.cluster.check_alive()  # a dead engine: one clear line, before anything is sent
         root = self.root(directory)
@@ -389,7 +405,12 @@ class CheckpointClient:
             _interactive(_in_namespace),
             f"{AGENT}:restore_var",
             (var, root, step),
-            {"key": _call_key(), "timeout_s": timeout_s, "item": item},
+            {
+                "key": _call_key(),
+                "timeout_s": timeout_s,
+                "item": item,
+                "acknowledged": tuple(sorted(self._acknowledged)),
+            },
             what=f"restore of {var!r}",
             timeout_s=None,
         )
@@ -563,7 +584,7 @@ def resolve_operation(
         folder = Path(op).absolute()
         return str(folder.parents[2]), folder.name
     if directory is not None:
-        root = os.path.abspath(directory)
+        root = str(storage.location(directory))
     elif op is None and client is not None and client.handles:
         return client.handles[-1].root, client.handles[-1].op
     elif client is not None and client.directory is not None:

@@ -18,9 +18,10 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 
 from nbckpt import _magic_args as a
+from nbckpt import storage
 from nbckpt.client import CheckpointClient, SaveHandle, resolve_operation
 from nbckpt.cluster import JaxCluster
-from nbckpt.errors import NbckptError
+from nbckpt.errors import NbckptError, RenameUnavailableError, StorageError, StorageURLError
 from nbckpt.inventory import list_steps
 from nbckpt.widgets._registry import LiveViews
 
@@ -39,6 +40,9 @@ def _usage_errors() -> Iterator[None]:
     try:
         yield
     except ValueError as e:
+        # A root URL nbckpt cannot use is the user's typing too.
+        if isinstance(e, StorageURLError | RenameUnavailableError):
+            raise UsageError(str(e)) from None
         if isinstance(e, NbckptError):
             raise
         raise UsageError(str(e)) from None
@@ -76,7 +80,8 @@ class NbckptMagics(Magics):
             raise UsageError(
                 f"%{magic} needs a directory: %{magic} DIR, or start the cluster with --dir"
             )
-        return os.path.abspath(directory)
+        with _usage_errors():
+            return str(storage.location(directory))
 
     # -- cluster ---------------------------------------------------------------------
 
@@ -250,7 +255,7 @@ class NbckptMagics(Magics):
         root = self._root(a.parse_ls_args(line).directory, "ckpt_ls")
         try:
             rows = list_steps(root)
-        except FileNotFoundError as e:
+        except (FileNotFoundError, StorageError) as e:  # one line, no traceback
             raise UsageError(str(e)) from None
         if not rows:
             print(f"no steps in {root}")
@@ -313,7 +318,7 @@ class NbckptMagics(Magics):
         root = self._root(args.directory, "ckpt_fsck")
         try:
             report = fsck(root, clean=args.clean, verify=args.verify)
-        except FileNotFoundError as e:
+        except (FileNotFoundError, StorageError) as e:  # one line, no traceback
             raise UsageError(str(e)) from None
         print(report.table())
 

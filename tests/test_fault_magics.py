@@ -98,6 +98,8 @@ def test_a_failed_forced_resave_keeps_the_old_step_and_says_so(env):
     assert "process 2: OSError" in msg and "nothing was committed" not in msg
     assert msg.endswith("; the previously committed step 1 is untouched")
     assert sorted(p.name for p in (root / "1").rglob("*")) == committed
+    # The failure was reported: the next restore does not raise it a second time.
+    ip.run_line_magic("ckpt_restore", "state --step 1")
 
 
 def test_kill_then_status_restart_and_restore(env, capsys):

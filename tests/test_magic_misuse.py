@@ -95,7 +95,7 @@ def _check_result(magic: str, result: Any) -> None:
     if isinstance(result, a.SaveArgs | a.RestoreArgs) and result.step is not None:
         assert type(result.step) is int and 0 <= result.step <= a.MAX_STEP
     if isinstance(result, a.SaveArgs):
-        assert result.mode in MODES
+        assert result.mode is None or result.mode in MODES
         assert result.format in FORMATS
         assert all(math.isfinite(v) and check_name(k, "metric") for k, v in result.metrics.items())
     if isinstance(result, a.BarrierArgs):
