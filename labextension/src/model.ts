@@ -12,7 +12,8 @@ export interface IEntry {
   path: string;
   state: EntryState;
   reason: string;
-  bytes: number;
+  /** Bytes on disk; null where the store does not say (object stores). */
+  bytes: number | null;
   time: number;
   process_count: number | null;
   op: string | null;

@@ -71,7 +71,8 @@ export class CheckpointsPanel extends Widget {
 
     const form = el('form', 'nbckpt-root-form');
     this._input = el('input', 'nbckpt-root-input jp-mod-styled');
-    this._input.placeholder = 'checkpoint root, relative to the server root';
+    this._input.placeholder =
+      'checkpoint root, relative to the server root, or s3://bucket/prefix';
     this._input.setAttribute('aria-label', 'Checkpoint root');
     const open = el(
       'button',
@@ -223,7 +224,11 @@ export class CheckpointsPanel extends Widget {
       row.append(
         number,
         state,
-        el('td', 'nbckpt-size', formatBytes(entry.bytes)),
+        el(
+          'td',
+          'nbckpt-size',
+          entry.bytes === null ? '—' : formatBytes(entry.bytes)
+        ),
         time,
         el('td', 'nbckpt-procs', String(entry.process_count ?? ''))
       );

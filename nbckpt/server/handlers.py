@@ -9,7 +9,8 @@ import tornado.web
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 
-from nbckpt.server.manager import CheckpointManager, ManagerError
+from nbckpt.errors import StorageError
+from nbckpt.server.manager import CheckpointManager, ManagerError, StoreFailedError
 
 __all__ = [
     "CheckpointsHandler",
@@ -33,6 +34,9 @@ class _BaseHandler(APIHandler):
             data = fn(self.get_query_argument("root", None), *args)
         except ManagerError as e:
             self.set_status(e.status)
+            data = {"message": str(e)}
+        except StorageError as e:  # an object-store root whose store failed
+            self.set_status(StoreFailedError.status)
             data = {"message": str(e)}
         self.finish(json.dumps(data))
 

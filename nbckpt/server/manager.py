@@ -4,6 +4,12 @@
 directory, refuses anything that would leave it, and returns JSON-able data built from
 :mod:`nbckpt.inventory` and :mod:`nbckpt.journal`, and the protocol's names from
 :mod:`nbckpt.protocol`. The handlers only translate HTTP.
+
+A root may also be an object-store URL (``s3://bucket/prefix``) when the server has
+credentials for that store in its own environment (``AWS_ACCESS_KEY_ID`` and
+``AWS_SECRET_ACCESS_KEY``, or ``AWS_PROFILE``): it is then read with those credentials,
+behind the same authentication as every route, and only read. A failure of the store
+is answered 502 with the store's one-line message.
 """
 
 from __future__ import annotations
@@ -13,10 +19,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from nbckpt import storage
+from nbckpt.errors import StorageURLError
 from nbckpt.inventory import classify
 from nbckpt.journal import list_operations, read_operation
 from nbckpt.layout import ops_dir
 from nbckpt.protocol import as_json
+from nbckpt.storage import Location
 
 __all__ = [
     "BadRequestError",
@@ -24,6 +33,7 @@ __all__ = [
     "ForbiddenPathError",
     "ManagerError",
     "NotFoundError",
+    "StoreFailedError",
 ]
 
 
@@ -51,6 +61,21 @@ class NotFoundError(ManagerError):
     status = 404
 
 
+class StoreFailedError(ManagerError):
+    """The object store holding the root failed a request."""
+
+    status = 502
+
+
+def has_object_credentials() -> bool:
+    """Whether this process's environment names credentials for an object store."""
+    env = os.environ
+    return bool(
+        (env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY"))
+        or env.get("AWS_PROFILE")
+    )
+
+
 class CheckpointManager:
     """Answer questions about checkpoint roots under one directory.
 
@@ -67,7 +92,7 @@ class CheckpointManager:
         self.root_dir = Path(os.path.realpath(os.path.expanduser(root_dir)))
         self.stale_after_s = stale_after_s
 
-    def resolve(self, root: str | None) -> Path:
+    def resolve(self, root: str | None) -> Location:
         """Return the real path of ``root``, which must lie inside the root directory.
 
         Raises
@@ -85,6 +110,8 @@ class CheckpointManager:
         if "\0" in root:
             raise BadRequestError("root contains a NUL character")
         rel = root.strip()
+        if storage.is_url(rel):
+            return self._object_root(rel)
         if os.path.isabs(rel) or rel.startswith("~"):
             raise ForbiddenPathError(f"root {root!r} must be relative to the server's root")
         real = Path(os.path.realpath(self.root_dir / rel))
@@ -94,11 +121,34 @@ class CheckpointManager:
             raise NotFoundError(f"no directory {root!r} under the server's root")
         return real
 
-    def _inside(self, path: Path) -> bool:
+    def _object_root(self, url: str) -> Location:
+        """An object-store root, if the server may read it."""
+        try:
+            where = storage.location(url)
+        except StorageURLError as e:
+            raise BadRequestError(str(e)) from None
+        if isinstance(where, Path):  # file:// is a local path: confined like the rest
+            return self.resolve(self.relative_or_refuse(where))
+        if not has_object_credentials():
+            raise ForbiddenPathError(
+                f"the server has no credentials for {url}: start it with "
+                "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE set"
+            )
+        return where
+
+    def relative_or_refuse(self, path: Path) -> str:
+        """``path`` relative to the root directory, or a 403 if it is outside."""
+        if not self._inside(path):
+            raise ForbiddenPathError(f"root {str(path)!r} is outside the server's root")
+        return self.relative(path)
+
+    def _inside(self, path: Location) -> bool:
+        if not isinstance(path, Path):
+            return True  # an object store's keys have no links to leave by
         real = Path(os.path.realpath(path))
         return real == self.root_dir or real.is_relative_to(self.root_dir)
 
-    def _journal_of(self, real: Path) -> Path:
+    def _journal_of(self, real: Location) -> Location:
         """Return the root's journal directory, refusing one symlinked out of bounds."""
         journal = ops_dir(real)
         if not self._inside(journal):
@@ -117,8 +167,10 @@ class CheckpointManager:
         """
         return as_json()
 
-    def relative(self, path: Path) -> str:
-        """Return ``path`` relative to the root directory, ``"."`` for itself."""
+    def relative(self, path: Location) -> str:
+        """Return ``path`` relative to the root directory, ``"."`` for itself; a URL as is."""
+        if not isinstance(path, Path):
+            return str(path)
         return str(path.relative_to(self.root_dir)) if path != self.root_dir else "."
 
     def checkpoints(self, root: str | None) -> dict[str, Any]:
