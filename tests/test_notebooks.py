@@ -35,6 +35,9 @@ def test_notebook_runs(path, tmp_path):
     if path.stem == "06_orbax_interop":
         assert "Orbax restored nbckpt's step 1" in joined
         assert "not verified" in joined  # fsck says what it cannot check in Orbax's steps
+    if path.stem == "07_object_storage":
+        assert "rename mode is not available" in joined
+        assert "restored from the bucket: True" in joined
 
 
 def test_every_teaching_notebook_is_there():
@@ -45,4 +48,5 @@ def test_every_teaching_notebook_is_there():
         "04_atomicity_and_failures",
         "05_restore_topology",
         "06_orbax_interop",
+        "07_object_storage",
     ]
