@@ -52,3 +52,19 @@ def test_orbax_format_quick_reports_every_system(tmp_path):
     for measure in ("durable save", "cold restore", "Orbax's cold restore", "bytes on disk"):
         assert measure in proc.stdout
     assert not list(tmp_path.glob("nbckpt-orbax-format-*")), "the scratch directory was left behind"
+
+
+def test_s3_quick_reports_both_systems():
+    # moto (the dev extra) is the S3 server the script starts itself, as the S3 tests do.
+    script = COMPARE.with_name("s3.py")
+    proc = subprocess.run(
+        [sys.executable, str(script), "--quick"], capture_output=True, text=True, timeout=280
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert lines[-1].startswith("SUMMARY (4 processes, 8 MiB, moto S3")
+    assert "raw, restore" in lines[-1]
+    for measure in ("durable save", "cold restore", "nbckpt/raw", "Requests the server answered"):
+        assert measure in proc.stdout
+    assert "| 8 MiB | save |" in proc.stdout and "PUT" in proc.stdout
+    assert "Objects left in the bucket before deleting it: 0." in proc.stdout
