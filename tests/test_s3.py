@@ -294,3 +294,18 @@ async def test_server_routes_list_a_bucket_root_with_the_servers_credentials(
     monkeypatch.delenv("AWS_ACCESS_KEY_ID")
     code, data = await _get(jp_fetch, "checkpoints", params={"root": root})
     assert code == 403 and "no credentials" in data["message"], data
+
+
+async def test_a_hanging_store_does_not_stall_the_server(jp_fetch, proxied):
+    import asyncio
+
+    proxy, root = proxied
+    proxy.down(True)  # every request to the store goes unanswered (then retried)
+    slow = asyncio.ensure_future(_get(jp_fetch, "checkpoints", params={"root": root}))
+    await asyncio.sleep(0.5)
+    t0 = time.monotonic()
+    code, _ = await _get(jp_fetch, "protocol")
+    assert code == 200 and time.monotonic() - t0 < 3
+    assert not slow.done()  # still waiting on the store, while the server answered
+    code, data = await slow
+    assert code == 502 and "did not answer" in data["message"], data

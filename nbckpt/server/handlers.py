@@ -1,7 +1,13 @@
-"""Thin authenticated Tornado handlers over :class:`~nbckpt.server.manager.CheckpointManager`."""
+"""Thin authenticated Tornado handlers over :class:`~nbckpt.server.manager.CheckpointManager`.
+
+The manager's work runs in a thread, off the server's event loop: listing a root reads
+a disk, or (an ``s3://`` root) makes requests that a slow or unreachable store may hold
+for seconds, and the whole Jupyter server must stay responsive meanwhile.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -29,9 +35,10 @@ class _BaseHandler(APIHandler):
     def initialize(self, manager: CheckpointManager) -> None:
         self.manager = manager
 
-    def _answer(self, fn: Any, *args: Any) -> None:
+    async def _answer(self, fn: Any, *args: Any) -> None:
+        root = self.get_query_argument("root", None)
         try:
-            data = fn(self.get_query_argument("root", None), *args)
+            data = await asyncio.to_thread(fn, root, *args)
         except ManagerError as e:
             self.set_status(e.status)
             data = {"message": str(e)}
@@ -45,27 +52,27 @@ class CheckpointsHandler(_BaseHandler):
     """``GET /nbckpt/api/checkpoints?root=R``: the entries of a root and their states."""
 
     @tornado.web.authenticated
-    def get(self) -> None:
+    async def get(self) -> None:
         """Answer with :meth:`CheckpointManager.checkpoints`."""
-        self._answer(self.manager.checkpoints)
+        await self._answer(self.manager.checkpoints)
 
 
 class OperationsHandler(_BaseHandler):
     """``GET /nbckpt/api/operations?root=R``: the journaled operations of a root."""
 
     @tornado.web.authenticated
-    def get(self) -> None:
+    async def get(self) -> None:
         """Answer with :meth:`CheckpointManager.operations`."""
-        self._answer(self.manager.operations)
+        await self._answer(self.manager.operations)
 
 
 class OperationHandler(_BaseHandler):
     """``GET /nbckpt/api/operations/<op>?root=R``: one operation's merged journal."""
 
     @tornado.web.authenticated
-    def get(self, op: str) -> None:
+    async def get(self, op: str) -> None:
         """Answer with :meth:`CheckpointManager.operation`."""
-        self._answer(self.manager.operation, op)
+        await self._answer(self.manager.operation, op)
 
 
 class ProtocolHandler(_BaseHandler):
