@@ -107,7 +107,7 @@ class Figures:
 
 def delete(url: str) -> None:
     """Delete every object under ``url``."""
-    storage.location(url).remove_tree()
+    storage.remove_tree(storage.location(url))
 
 
 def request_costs(bucket: str, count: int = 30) -> dict[str, float]:
@@ -271,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"size {fmt_size(nbytes)}")
                 figures.append(bench_size(group, env, bucket, requests, nbytes, args.reps, log))
             group.run(f"{W}:build", 0, 1)  # let go of the state
-        left = len(storage.location(f"s3://{bucket}").list_keys())
+        left = len(storage.S3Path(bucket).list_keys())
         status, body = server.request("DELETE", f"/{bucket}")
         if status not in (200, 204):
             log(f"deleting bucket {bucket} failed: HTTP {status}: {body[:200]!r}")
