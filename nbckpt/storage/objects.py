@@ -192,12 +192,12 @@ class ObjectPath:
             reason = self.classify(e)
             raise StorageError(str(self), action, reason, self.advice(reason)) from e
 
-    def _keys(self, prefix: str) -> list[str]:
+    def _keys(self, prefix: str, *, exact: bool = False) -> list[str]:
+        """The keys that start with ``prefix`` (``exact``: only ``prefix`` itself)."""
         import tensorstore as ts
 
-        found = self._call(
-            "list", lambda store: store.list(ts.KvStore.KeyRange(prefix, _successor(prefix)))
-        )
+        span = _exact(prefix) if exact else ts.KvStore.KeyRange(prefix, _successor(prefix))
+        found = self._call("list", lambda store: store.list(span))
         return [k.decode("utf-8", "surrogateescape") for k in found]
 
     def list_keys(self) -> list[str]:
@@ -211,7 +211,7 @@ class ObjectPath:
         if result.state != "value":
             # tensorstore reads a missing bucket as a missing key; a listing tells them
             # apart (and raises StorageError for the bucket).
-            self._keys(self.key)
+            self._keys(self.key, exact=True)
             raise FileNotFoundError(f"no object {self}")
         return bytes(result.value)
 
@@ -234,7 +234,7 @@ class ObjectPath:
 
     def is_file(self) -> bool:
         """Whether an object has exactly this key."""
-        return self.key in self._keys(self.key) if self.key else False
+        return bool(self.key) and bool(self._keys(self.key, exact=True))
 
     def is_dir(self) -> bool:
         """Whether some object lies under this prefix."""
