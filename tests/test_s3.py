@@ -24,6 +24,7 @@ from nbckpt.errors import (
     RenameUnavailableError,
     StorageURLError,
 )
+from nbckpt.fsck import fsck
 from nbckpt.journal import list_operations, read_operation
 from nbckpt.layout import COMMIT_FILE, METADATA_FILE, all_steps, entry_state, latest_step
 from nbckpt.procgroup import ProcessGroup
@@ -149,6 +150,12 @@ def test_killing_a_process_at_each_phase_leaves_no_partial_step(phase, s3, root,
     state = entry_state(storage.location(root) / "2")
     assert state in ("incomplete", "foreign"), state  # never complete, never corrupt
     assert f"2/{COMMIT_FILE}" not in _keys(root)
+    # fsck removes what the failed save left (its own, by the owner record), only that.
+    step1 = {k: (storage.location(root) / k).read_bytes() for k in _keys(root) if k[0] == "1"}
+    report = fsck(root, clean=True)
+    assert not any(k.startswith("2/") for k in _keys(root)), report.table()
+    assert {k: (storage.location(root) / k).read_bytes() for k in step1} == step1
+    assert all_steps(root) == [1]
 
 
 # -- failures of the store -----------------------------------------------------------
