@@ -49,7 +49,7 @@ class RemoteError(RuntimeError):
 
 
 class ProcessGroup:
-    """N Python processes joined by ``jax.distributed`` on 127.0.0.1.
+    """N Python processes joined by ``jax.distributed``, on 127.0.0.1 or on test hosts.
 
     Parameters
     ----------
@@ -64,6 +64,12 @@ class ProcessGroup:
     recoverable
         Set ``jax_enable_recoverability`` so that survivors are not aborted when a
         peer dies.
+    launcher
+        Per process, a command prefix that starts it elsewhere (on a test host: a
+        network namespace, see ``tests/testhosts.py``); by default here.
+    coordinator_host
+        The address process 0's coordination service listens on and the others dial
+        (with ``launcher``, the address of process 0's host).
 
     Examples
     --------
@@ -79,9 +85,13 @@ class ProcessGroup:
         start_timeout_s: float = 120.0,
         env: Mapping[str, str] | None = None,
         recoverable: bool = False,
+        launcher: Sequence[Sequence[str]] | None = None,
+        coordinator_host: str = "127.0.0.1",
     ) -> None:
         if n < 1:
             raise ValueError(f"a process group needs at least one process, got {n}")
+        if launcher is not None and len(launcher) != n:
+            raise ValueError(f"launcher needs one prefix per process ({n}), got {len(launcher)}")
         self.n = n
         self.devices_per_process = devices_per_process
         self.port = free_port() if n > 1 else 0
@@ -93,6 +103,7 @@ class ProcessGroup:
             for i in range(n):
                 parent, child = socket.socketpair()
                 cmd = [
+                    *(launcher[i] if launcher is not None else ()),
                     sys.executable,
                     "-m",
                     "nbckpt.procgroup._worker",
@@ -102,6 +113,8 @@ class ProcessGroup:
                     str(n),
                     "--port",
                     str(self.port),
+                    "--coordinator-host",
+                    coordinator_host,
                     "--devices",
                     str(devices_per_process),
                     "--fd",

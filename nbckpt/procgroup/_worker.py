@@ -25,6 +25,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--process-id", type=int, required=True)
     parser.add_argument("--num-processes", type=int, required=True)
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--coordinator-host", default="127.0.0.1")
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--fd", type=int, required=True)
     parser.add_argument("--recoverable", action="store_true")
@@ -34,7 +35,7 @@ def main(argv: list[str] | None = None) -> None:
         # Imported inside the try, so that an import error reaches the parent too.
         from nbckpt.engine import process
 
-        address = f"127.0.0.1:{args.port}"
+        address = f"{args.coordinator_host}:{args.port}"
         process.initialize(
             args.process_id,
             args.num_processes,
