@@ -43,3 +43,11 @@ def restore_check(root: str, step: int) -> bool:
         np.array_equal(np.asarray(s.data), full[s.index]) for s in state["w"].addressable_shards
     )
     return ok and state["step"] == step
+
+
+def allgather() -> list[int]:
+    """A cross-process collective (gloo on CPU): every process's index, gathered."""
+    from jax.experimental import multihost_utils
+
+    got = multihost_utils.process_allgather(np.array([jax.process_index()]))
+    return [int(x) for x in np.asarray(got).ravel()]

@@ -77,3 +77,27 @@ def test_save_on_3_hosts_restore_on_2(tmp_path):
         ) as group:
             assert group.run(f"{T}:restore_check", root, 1) == [True, True]
     assert os.path.isdir(root)
+
+
+def test_a_host_name_mapped_to_loopback_still_runs_cross_host_collectives():
+    # Debian's default /etc/hosts: each host's own name is 127.0.1.1. JAX's gloo
+    # collectives would advertise that address; nbckpt binds them to the address that
+    # reaches the coordinator instead, and a collective across the hosts completes.
+    with (
+        TestHosts(2, loopback_names=True) as hosts,
+        ProcessGroup(
+            2,
+            env=_ENV,
+            launcher=hosts.launcher([0, 1]),
+            coordinator_host=hosts.hosts[0].address,
+            start_timeout_s=60,
+        ) as group,
+    ):
+        assert group.run(f"{T}:allgather", timeout_s=60) == [[0, 1], [0, 1]]
+
+
+def test_loopback_detection_leaves_single_host_jobs_alone():
+    from nbckpt.engine.process import loopback_name, route_address
+
+    assert loopback_name("127.0.0.1:1234") is None  # the whole job is on this host
+    assert route_address("127.0.0.1:1234") == "127.0.0.1"

@@ -7,6 +7,7 @@ each worker of a local :class:`~nbckpt.procgroup.ProcessGroup` calls it at start
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 from typing import Any
@@ -14,10 +15,79 @@ from typing import Any
 from nbckpt.engine import health
 from nbckpt.engine.sync import default_client
 
-__all__ = ["info", "initialize", "pick_port", "shutdown"]
+__all__ = ["info", "initialize", "loopback_name", "pick_port", "route_address", "shutdown"]
 
 #: How this process was joined; empty until :func:`initialize` ran.
 _joined: dict[str, Any] = {}
+
+
+def route_address(coordinator: str) -> str:
+    """The local address this host reaches ``coordinator`` (``host:port``) from.
+
+    Asked of the kernel's routing table (a UDP socket connected to the coordinator
+    sends nothing), so it is the interface the other hosts reach too.
+    """
+    host, _, port = coordinator.rpartition(":")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((host.strip("[]"), int(port or 1)))
+        return str(s.getsockname()[0])
+
+
+def loopback_name(coordinator: str) -> str | None:
+    """This host's name if it resolves to a loopback address while the job spans hosts.
+
+    On Debian and Ubuntu ``/etc/hosts`` maps the host name to ``127.0.1.1``. JAX's CPU
+    collectives (gloo) then advertise that address to the other processes, and every
+    cross-host collective fails. None when the name is fine, or the job is on one host
+    (the coordinator itself is a loopback address).
+    """
+    host = coordinator.rpartition(":")[0].strip("[]")
+    try:
+        if _is_loopback(socket.gethostbyname(host)):
+            return None
+        mine = socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return None
+    return socket.gethostname() if _is_loopback(mine) else None
+
+
+def _is_loopback(address: str) -> bool:
+    """Whether ``address`` is an IPv4 or IPv6 loopback address."""
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def _advertise_collectives_at(address: str) -> None:
+    """Make JAX's CPU collectives (gloo) listen on and advertise ``address``.
+
+    JAX builds its gloo collectives without a host name, so gloo resolves this host's
+    name, which may be loopback (see :func:`loopback_name`). The CPU backend is
+    registered again, before anything creates it, with collectives bound to the
+    address that reaches the coordinator. Uses JAX's backend registry, which is not
+    public API: if it changed, the error says what to set instead.
+    """
+    try:
+        from jax._src import distributed, xla_bridge
+        from jax._src.lib import _jax  # type: ignore[attr-defined]
+
+        collectives = _jax.make_gloo_tcp_collectives(
+            distributed_client=distributed.global_state.client, hostname=address
+        )
+        xla_bridge.register_backend_factory(
+            "cpu",
+            lambda: xla_bridge.make_cpu_client(collectives=collectives),
+            priority=0,
+            fail_quietly=False,
+        )
+    except (ImportError, AttributeError, TypeError) as e:
+        raise RuntimeError(
+            f"this host's name {socket.gethostname()!r} resolves to a loopback address, "
+            "so JAX's CPU collectives would advertise it to the other hosts, and nbckpt "
+            f"cannot choose {address} with this JAX ({e}); map the name to {address} in "
+            "/etc/hosts"
+        ) from e
 
 
 def pick_port(host: str = "127.0.0.1") -> int:
@@ -85,6 +155,9 @@ def initialize(
             coordinator_bind_address=bind_address,
             initialization_timeout=timeout_s,
         )
+        if loopback_name(coordinator) is not None:
+            # Before jax.devices(): the CPU backend must not exist yet.
+            _advertise_collectives_at(route_address(coordinator))
     jax.devices()  # settles the backend on every process at the same point
     _joined.update(coordinator=coordinator, num_processes=num_processes)
     # Heartbeats from the start, not from the first save: a peer that dies before
