@@ -39,7 +39,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from nbckpt import storage
-from nbckpt.errors import StorageError
 from nbckpt.formats import orbax as _orbax
 from nbckpt.protocol import COMMIT_FILE_MODE, RENAME, Mode
 from nbckpt.storage import Location
@@ -67,7 +66,6 @@ __all__ = [
     "metadata_path",
     "ops_dir",
     "parse_step",
-    "read_json",
     "read_metadata",
     "read_owner",
     "remove_aside",
@@ -129,22 +127,10 @@ def parse_step(name: str) -> int | None:
     return None
 
 
-def read_json(path: Location) -> dict[str, Any] | None:
-    """Return a JSON object file's contents, or None if it is absent or unreadable.
-
-    A failure of the store itself (:class:`~nbckpt.errors.StorageError`) is raised:
-    a network error must never read as "no such file".
-    """
-    try:
-        data = json.loads(path.read_bytes())
-    except StorageError:
-        raise
-    except (OSError, ValueError):
-        return None
+def _read_json(path: Location) -> dict[str, Any] | None:
+    """A JSON object file's contents, or None (see :func:`nbckpt.storage.read_json`)."""
+    data = storage.read_json(path)
     return data if isinstance(data, dict) else None
-
-
-_read_json = read_json
 
 
 def metadata_path(path: Where) -> Location:

@@ -342,24 +342,6 @@ def _list_items(items: tuple[OrbaxItem, ...]) -> str:
     return ", ".join(f"{i.label} ({i.kind})" for i in items)
 
 
-def _read_json(path: storage.Location) -> Any:
-    """Return the parsed JSON of a file, or None if it is absent or unreadable.
-
-    A failure of the store (:class:`~nbckpt.errors.StorageError`) is raised, never
-    taken for an absent file.
-    """
-    try:
-        raw = path.read_bytes()
-    except StorageError:
-        raise
-    except OSError:
-        return None
-    try:
-        return json.loads(raw.decode("utf-8"))
-    except ValueError:  # not UTF-8, or not JSON
-        return None
-
-
 def is_tmp_name(name: str) -> bool:
     """Tell whether a directory name is one of Orbax's temporary directories."""
     return _TMP_NAME.match(name) is not None
@@ -381,14 +363,14 @@ def read_checkpoint_metadata(path: _Where) -> dict[str, Any] | None:
     None when the file is absent, unreadable, or not Orbax's (nbckpt's own steps saved
     before 0.2 used that name for their metadata, with a ``format`` field).
     """
-    data = _read_json(storage.location(path) / CHECKPOINT_METADATA)
+    data = storage.read_json(storage.location(path) / CHECKPOINT_METADATA)
     if not isinstance(data, dict) or "format" in data:
         return None
     return data if _STEP_METADATA_KEYS & data.keys() else None
 
 
 def _has_tree_metadata(path: storage.Location) -> bool:
-    data = _read_json(path / TREE_METADATA)
+    data = storage.read_json(path / TREE_METADATA)
     return isinstance(data, dict) and "tree_metadata" in data
 
 
@@ -527,7 +509,7 @@ def read_tree_metadata(item_dir: _Where) -> TreeMetadata:
     """
     d = storage.location(item_dir)
     where = d / TREE_METADATA
-    data = _read_json(where)
+    data = storage.read_json(where)
     if not isinstance(data, dict) or not isinstance(data.get("tree_metadata"), dict):
         raise OrbaxFormatError(f"{where} is missing or is not Orbax tree metadata")
     leaves = []
@@ -572,7 +554,7 @@ def read_shardings(item_dir: _Where) -> dict[str, dict[str, Any]]:
     ``{"sharding_type": "NamedSharding", "shape": [2, 2], "axis_names": [...],
     "partition_spec": [...]}``. An absent or unreadable file, or entry, is left out.
     """
-    data = _read_json(storage.location(item_dir) / SHARDING)
+    data = storage.read_json(storage.location(item_dir) / SHARDING)
     out: dict[str, dict[str, Any]] = {}
     if not isinstance(data, dict):
         return out
@@ -589,7 +571,7 @@ def read_shardings(item_dir: _Where) -> dict[str, dict[str, Any]]:
 
 def read_strings(item_dir: _Where) -> dict[str, str]:
     """Return the string leaves of a pytree item, by dotted name (empty if it has none)."""
-    data = _read_json(storage.location(item_dir) / STRINGS)
+    data = storage.read_json(storage.location(item_dir) / STRINGS)
     if not isinstance(data, dict):
         return {}
     return {str(k): v for k, v in data.items() if isinstance(v, str)}

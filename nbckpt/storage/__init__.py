@@ -20,12 +20,13 @@ directory name nbckpt will make. Nothing here imports tensorstore until a reques
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
 from typing import Any, TypeAlias
 
-from nbckpt.errors import StorageURLError
+from nbckpt.errors import StorageError, StorageURLError
 from nbckpt.storage import local as _local
 from nbckpt.storage.objects import ObjectPath
 from nbckpt.storage.s3 import S3Path
@@ -40,6 +41,7 @@ __all__ = [
     "is_url",
     "kvstore_spec",
     "location",
+    "read_json",
     "remove_tree",
     "sync_dir",
     "write_durable",
@@ -101,6 +103,24 @@ def location(root: str | os.PathLike[str] | Location) -> Location:
         return cls(bucket, key)
     except ValueError as e:
         raise StorageURLError(f"{text} ({e})", supported) from e
+
+
+def read_json(loc: Location) -> Any:
+    """Return a JSON file's parsed contents, or None if it is absent or unreadable.
+
+    A failure of the store itself (:class:`~nbckpt.errors.StorageError`) is raised: a
+    network error must never read as "no such file", or a complete step as missing.
+    """
+    try:
+        raw = loc.read_bytes()
+    except StorageError:
+        raise
+    except OSError:
+        return None
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except ValueError:  # not UTF-8, or not JSON
+        return None
 
 
 def can_rename(loc: Location) -> bool:
