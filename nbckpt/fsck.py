@@ -29,7 +29,7 @@ from nbckpt import storage
 from nbckpt.errors import StorageError
 from nbckpt.formats import orbax as _orbax
 from nbckpt.inventory import STALE_AFTER_S, STATES, Entry, classify, existing_root
-from nbckpt.layout import COMMIT_FILE, DELETING_SUFFIX, read_metadata
+from nbckpt.layout import DELETING_SUFFIX, read_metadata, remove_aside
 
 __all__ = ["ORBAX_NOT_VERIFIED", "FsckReport", "fsck", "verify_orbax_step", "verify_step"]
 
@@ -311,10 +311,9 @@ def _remove(root: storage.Location, name: str) -> bool:
             return False
         shutil.rmtree(doomed)
         return True
-    # No rename in an object store: delete the commit object first, so that a removal
-    # cut short never leaves something that reads as a complete step; then the rest.
+    # No rename in an object store: remove_aside deletes what makes a step complete
+    # first, so a removal cut short never leaves something that reads as complete.
     if not target.is_dir():
         return False
-    (target / COMMIT_FILE).unlink(missing_ok=True)
-    storage.remove_tree(target)
+    remove_aside(target)
     return True
