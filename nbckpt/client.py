@@ -19,7 +19,7 @@ from typing import Any
 
 from nbckpt import storage
 from nbckpt.cluster import AGENT, ENGINE_DIED, JaxCluster, engine_errors, errors_by_process, remote
-from nbckpt.errors import ClusterGoneError, RenameUnavailableError, SaveFailedError, by_process, who
+from nbckpt.errors import ClusterGoneError, SaveFailedError, by_process, who
 from nbckpt.journal import (
     OperationRecord,
     ProcessRecord,
@@ -312,11 +312,10 @@ class CheckpointClient:
             unsupported leaf, or the previous save's failure); it names the processes.
         """
         timeout_s = check_timeout(timeout_s, "timeout_s")
-        if mode == "rename" and not storage.can_rename(storage.location(self.root(directory))):
-            raise RenameUnavailableError(self.root(directory))
+        root = self.root(directory)
+        storage.commit_mode(storage.location(root), mode)  # refuses rename on a bucket
         checked = check_metrics(metrics)
         self.cluster.check_alive()  # a dead engine: one clear line, before anything is sent
-        root = self.root(directory)
         acknowledged = tuple(sorted(self._acknowledged))
         # The engines' own deadline (timeout_s) bounds their blocking part; the margin
         # lets their error, rather than a client timeout, come back.

@@ -16,7 +16,7 @@ from nbckpt.engine import restore as _restore
 from nbckpt.engine.advice import reason as _reason
 from nbckpt.engine.array_format import format_for
 from nbckpt.engine.background import SaveJob, fail
-from nbckpt.engine.commit import mode_for, strategy_for
+from nbckpt.engine.commit import strategy_for
 from nbckpt.engine.preflight import Preflight
 from nbckpt.engine.snapshot import take_snapshot
 from nbckpt.engine.sync import SignalingClient, Synchronizer, default_client
@@ -130,7 +130,7 @@ class AsyncCheckpointer:
         client: SignalingClient | None = None,
     ) -> None:
         where = storage.location(root)  # refuses a URL it cannot store at
-        mode = mode_for(where, mode)  # refuses rename mode on an object store
+        mode = storage.commit_mode(where, mode)  # refuses rename mode on an object store
         format_for(format)  # validates the format
         timeout_s = check_timeout(timeout_s, "timeout_s")
         retention = RetentionPolicy(
@@ -276,7 +276,7 @@ class AsyncCheckpointer:
         self.wait_until_finished()
         step = _check_step(step)
         metrics = check_metrics(metrics)
-        strategy = strategy_for(mode_for(self.root, mode or self.options.mode))
+        strategy = strategy_for(storage.commit_mode(self.root, mode or self.options.mode))
         arrays = format_for(format or self.options.format)
         timeout = check_timeout(timeout_s or self.options.timeout_s, "timeout_s")
         local: BaseException | None = None

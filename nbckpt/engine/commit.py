@@ -5,7 +5,7 @@
 itself and publishes it by writing ``commit_success.txt`` last, for stores whose rename
 is not atomic (object stores: there the commit object is written after every process's
 PUTs were acknowledged). The checkpointer never branches on the mode: it asks the
-strategy, and :func:`mode_for` picks the mode a root's store allows.
+strategy, and :func:`nbckpt.storage.commit_mode` picks the mode a root's store allows.
 
 Both keep the promise of DESIGN.md: a committed step stays restorable until its
 replacement commits, and nothing nbckpt did not create is written over or deleted.
@@ -35,7 +35,7 @@ from nbckpt.layout import entry_state as _entry_state
 from nbckpt.protocol import COMMIT_FILE_MODE, RENAME, Mode
 from nbckpt.storage import Location
 
-__all__ = ["CommitFileCommit", "CommitStrategy", "RenameCommit", "mode_for", "strategy_for"]
+__all__ = ["CommitFileCommit", "CommitStrategy", "RenameCommit", "strategy_for"]
 
 
 class CommitStrategy(Protocol):
@@ -183,32 +183,6 @@ class CommitFileCommit:
         write_durable(final / COMMIT_FILE, f"{op}\n")
         fsync_dir(final)
         fsync_dir(root)
-
-
-def mode_for(root: Location, mode: str | None) -> Mode:
-    """The commit mode a save under ``root`` uses.
-
-    Parameters
-    ----------
-    root
-        The checkpoint root.
-    mode
-        What the user asked for, or None for the store's default: rename where the
-        store renames atomically (local file systems), the commit object elsewhere.
-
-    Raises
-    ------
-    RenameUnavailableError
-        If rename mode is asked of a store without atomic rename.
-    ValueError
-        If ``mode`` is not a mode.
-    """
-    if mode is None:
-        return RENAME if storage.can_rename(root) else COMMIT_FILE_MODE
-    strategy_for(mode)  # validates
-    if mode == RENAME and not storage.can_rename(root):
-        raise RenameUnavailableError(str(root))
-    return RENAME if mode == RENAME else COMMIT_FILE_MODE
 
 
 def strategy_for(mode: str) -> CommitStrategy:

@@ -26,7 +26,8 @@ import re
 from pathlib import Path
 from typing import Any, TypeAlias
 
-from nbckpt.errors import StorageError, StorageURLError
+from nbckpt.errors import RenameUnavailableError, StorageError, StorageURLError
+from nbckpt.protocol import COMMIT_FILE_MODE, MODES, RENAME, Mode
 from nbckpt.storage import local as _local
 from nbckpt.storage.objects import ObjectPath
 from nbckpt.storage.s3 import S3Path
@@ -37,6 +38,7 @@ __all__ = [
     "ObjectPath",
     "S3Path",
     "can_rename",
+    "commit_mode",
     "glob",
     "is_url",
     "kvstore_spec",
@@ -126,6 +128,33 @@ def read_json(loc: Location) -> Any:
 def can_rename(loc: Location) -> bool:
     """Whether the store renames a directory atomically (only local file systems)."""
     return isinstance(loc, Path)
+
+
+def commit_mode(loc: Location, mode: str | None) -> Mode:
+    """The commit mode a save under ``loc`` uses: the store's default, or ``mode``.
+
+    Parameters
+    ----------
+    loc
+        The checkpoint root.
+    mode
+        What the user asked for, or None for the store's default: rename where the
+        store renames atomically (local file systems), the commit object elsewhere.
+
+    Raises
+    ------
+    RenameUnavailableError
+        If rename mode is asked of a store without atomic rename.
+    ValueError
+        If ``mode`` is not a mode.
+    """
+    if mode is None:
+        return RENAME if can_rename(loc) else COMMIT_FILE_MODE
+    if mode not in MODES:
+        raise ValueError(f"mode must be 'rename' or 'commit_file', got {mode!r}")
+    if mode == RENAME and not can_rename(loc):
+        raise RenameUnavailableError(str(loc))
+    return RENAME if mode == RENAME else COMMIT_FILE_MODE
 
 
 def write_durable(loc: Location, data: bytes | str) -> None:
