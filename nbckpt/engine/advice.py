@@ -36,17 +36,6 @@ def advice(text: str, root: Location) -> str:
     return ""
 
 
-# What marks a tensorstore error as the object store's (its spec, or the HTTP exchange).
-_STORE_MARKS = (
-    '"driver":"s3"',
-    "http_response_code",
-    "CURL",
-    "connect to server",
-    "Connection refused",
-    "UNAVAILABLE",
-)
-
-
 def reason(error: BaseException, root: Location) -> str:
     """One line for ``error``: its own text for nbckpt's errors, else ``Type: text``.
 
@@ -58,7 +47,7 @@ def reason(error: BaseException, root: Location) -> str:
     if (
         isinstance(root, ObjectPath)
         and not isinstance(error, NbckptError)
-        and (isinstance(error, TimeoutError) or any(m in raw for m in _STORE_MARKS))
+        and root.failed_request(error)
     ):
         why = root.classify(error)
         return f"the store holding {root} failed: {why}; {root.advice(why)}"

@@ -77,6 +77,16 @@ class ObjectPath:
         """What to do about a failure whose reason :meth:`classify` gave."""
         return "check the store and try again"
 
+    def failed_request(self, exc: BaseException) -> bool:
+        """Whether ``exc`` (raised by tensorstore) is a request to this store that failed.
+
+        A timeout, an HTTP exchange (a status, curl's error), or an error about a spec
+        of this store's driver; anything else (a dtype, a shape) is not the store's.
+        """
+        text = str(exc)
+        marks = ("http_response_code", "CURL", f'"driver":"{self.scheme}"')
+        return isinstance(exc, TimeoutError) or any(m in text for m in marks)
+
     def classify(self, exc: BaseException) -> str:
         """Say in a few words why a request failed."""
         return str(exc).split("[", 1)[0].strip() or type(exc).__name__

@@ -26,6 +26,17 @@ __all__ = ["S3Path", "s3_settings"]
 #: request is reported as failed.
 RETRIES: dict[str, Any] = {"max_retries": 6, "initial_delay": "0.2s", "max_delay": "5s"}
 
+#: What tensorstore's (curl's) errors say when the store cannot be reached or answers
+#: nothing.
+_UNREACHABLE = (
+    "UNAVAILABLE",
+    "Connection refused",
+    "connect to server",
+    "Failed to connect",
+    "Empty reply from server",  # it took the connection, then closed it
+    "Server returned nothing",
+)
+
 
 def s3_settings(env: dict[str, str] | None = None) -> dict[str, Any]:
     """The endpoint, region and kind of credentials the environment gives.
@@ -83,18 +94,15 @@ class S3Path(ObjectPath):
         """Bounded retries with backoff, so a dead store fails in seconds, not minutes."""
         return {"s3_request_retries": RETRIES}
 
+    def failed_request(self, exc: BaseException) -> bool:
+        """As for any store, and a connection that failed or got no answer."""
+        text = str(exc)
+        return super().failed_request(exc) or any(m in text for m in _UNREACHABLE)
+
     def classify(self, exc: BaseException) -> str:
         """Name the failure the way a user can act on it."""
         text = str(exc)
-        unreachable = (
-            "UNAVAILABLE",
-            "Connection refused",
-            "connect to server",
-            "Failed to connect",
-            "Empty reply from server",  # it took the connection, then closed it
-            "Server returned nothing",
-        )
-        if isinstance(exc, TimeoutError) or any(m in text for m in unreachable):
+        if isinstance(exc, TimeoutError) or any(m in text for m in _UNREACHABLE):
             return f"the store at {self.endpoint} did not answer"
         if "NoSuchBucket" in text:
             return f"bucket {self.bucket!r} does not exist"
