@@ -171,7 +171,7 @@ def read_checksums(step_path: str | os.PathLike[str] | storage.Location) -> Reco
         If one is not valid JSON of the expected shape, or names an unknown algorithm.
     """
     where = storage.location(step_path) / CHECKSUMS_DIR
-    files: list[storage.Location] = sorted(where.glob("process_*.json"), key=lambda f: f.name)
+    files = storage.glob(where, "process_*.json")
     if not files:
         return None
     # One request per process's file; on an object store each is a round trip, so they

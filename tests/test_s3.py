@@ -32,6 +32,7 @@ from nbckpt.protocol import PHASES
 from nbckpt.storage import S3Path
 from tests.conftest import _ENV
 from tests.s3server import FaultProxy, S3Server
+from tests.test_server import _get, jp_server_config  # noqa: F401 - the routes' fixture
 
 pytestmark = pytest.mark.multihost
 T = "tests.mh_s3"
@@ -253,24 +254,6 @@ def test_a_store_that_dies_mid_save_leaves_the_last_step(proxied):
 
 
 # -- the server routes (the sidebar's data) ------------------------------------------
-
-
-@pytest.fixture
-def jp_server_config() -> dict[str, object]:
-    return {"ServerApp": {"jpserver_extensions": {"nbckpt": True}}}
-
-
-async def _get(jp_fetch, *parts: str, **kwargs) -> tuple[int, dict]:
-    import json
-
-    from tornado.httpclient import HTTPClientError
-
-    try:
-        response = await jp_fetch("nbckpt", "api", *parts, **kwargs)
-    except HTTPClientError as e:
-        assert e.response is not None
-        return e.code, json.loads(e.response.body)
-    return response.code, json.loads(response.body)
 
 
 async def test_server_routes_list_a_bucket_root_with_the_servers_credentials(
