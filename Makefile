@@ -14,7 +14,7 @@ LAB_SOURCES := $(wildcard labextension/src/*.ts labextension/src/widget/*.ts \
 	labextension/tsconfig*.json labextension/style/* labextension/schema/*) \
 	labextension/package.json labextension/yarn.lock
 
-.PHONY: setup demo test lint browser-deps bench compare clean
+.PHONY: setup demo test lint browser-deps host-deps bench compare clean
 
 setup: $(STAMP)
 
@@ -33,13 +33,20 @@ browser-deps:
 		apt-get update && apt-get install -y --no-install-recommends chromium; \
 	fi
 
+# The multihost tests start an sshd inside each test host (network namespaces made by
+# the tests themselves; see tests/sshhosts.py).
+host-deps:
+	@if [ ! -x /usr/sbin/sshd ]; then \
+		apt-get update && apt-get install -y --no-install-recommends openssh-server; \
+	fi
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	cd labextension && PATH="$(CURDIR)/$(BIN):$$PATH" jlpm run lint:check
 
-test: lint browser-deps
+test: lint browser-deps host-deps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: $(STAMP)

@@ -11,21 +11,31 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import json
+import re
+import shlex
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from nbckpt.errors import ClusterError, ClusterGoneError, by_process, who
+from nbckpt.netaddr import is_loopback, route_address
 
 __all__ = [
     "AGENT",
     "ENGINE_DIED",
+    "LAUNCHERS",
     "PROCESS",
     "ClusterError",
     "ClusterGoneError",
     "JaxCluster",
     "call",
+    "connection_files",
+    "which_cluster",
     "engine_errors",
     "errors_by_process",
     "remote",
@@ -34,6 +44,14 @@ __all__ = [
 #: The engine-side modules the notebook calls into, by name only.
 AGENT = "nbckpt.engine.agent"
 PROCESS = "nbckpt.engine.process"
+NETADDR = "nbckpt.netaddr"
+
+#: How engines can be started: ipyparallel's engine launchers, by the names it uses.
+LAUNCHERS = ("local", "ssh", "mpi", "slurm")
+
+#: ssh options nbckpt adds: a password prompt would hang the kernel, and a host that
+#: does not answer should fail the start in seconds, not after TCP's two minutes.
+SSH_OPTIONS = ["-o", "BatchMode=yes", "-o", "ConnectTimeout=10"]
 
 
 def call(ref: str, *args: Any, **kwargs: Any) -> Any:
@@ -121,26 +139,52 @@ class JaxCluster:
     Parameters
     ----------
     n
-        Number of engines (JAX processes) to start.
+        Number of engines (JAX processes) to start. With ``engines="ssh"`` it defaults
+        to one engine per entry of ``hosts``.
     devices_per_process
         CPU devices per process (``jax_num_cpu_devices``).
     coordinator_host
-        Address process 0's coordination service binds to and every engine dials;
-        127.0.0.1 for a cluster on this machine, the host's address for real hosts.
+        Address process 0's coordination service binds to and every engine dials.
+        None: 127.0.0.1 for local engines, else the address of process 0's host on the
+        route to the controller (the private network the hosts share).
     recoverable
         Keep survivors alive when a process dies (``jax_enable_recoverability``).
     profile
         ipyparallel profile (where its connection files live).
+    engines
+        How engines start, one of :data:`LAUNCHERS`: ``"local"`` processes on this
+        machine, or ipyparallel's ``"ssh"``, ``"mpi"`` (``mpiexec``) and ``"slurm"``
+        (``sbatch``) launchers, configured further in the profile's
+        ``ipcluster_config.py`` as ipyparallel documents.
+    hosts
+        For ``"ssh"``: one entry per engine, in process order (``[user@]host[:port]``;
+        repeat a host to run several engines there). Process 0, and with it the
+        coordination service, runs on the first.
+    controller_ip
+        Where the controller listens. None: 127.0.0.1 for local engines, else this
+        machine's address on the route to the first host. Never every interface.
+    ssh_config
+        An ssh config file for ``"ssh"`` (``ssh -F``); None uses ``~/.ssh/config``.
+    python
+        The Python on the hosts that has nbckpt installed (``"ssh"``); None: this
+        kernel's interpreter path, right where hosts share an image or a virtualenv.
     """
 
     n: int = 4
     devices_per_process: int = 1
-    coordinator_host: str = "127.0.0.1"
+    coordinator_host: str | None = None
     recoverable: bool = True
     profile: str | None = None
+    engines: str = "local"
+    hosts: list[str] = field(default_factory=list)
+    controller_ip: str | None = None
+    ssh_config: str | None = None
+    python: str | None = None
     cluster: Any = None
     client: Any = None
+    cluster_id: str | None = None
     engine_ids: list[int] = field(default_factory=list)
+    engine_hosts: list[str] = field(default_factory=list)
     coordinator: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
     _view: Any = field(default=None, init=False, repr=False)
@@ -177,30 +221,82 @@ class JaxCluster:
         self._px_active = True
         return view
 
-    def start(self, timeout_s: float = 120.0) -> JaxCluster:
+    def _check_settings(self) -> None:
+        if self.engines not in LAUNCHERS:
+            raise ValueError(f"engines must be one of {', '.join(LAUNCHERS)}, got {self.engines!r}")
+        if self.engines == "ssh":
+            if not self.hosts:
+                raise ValueError("engines='ssh' needs hosts: the hosts to start engines on")
+            if self.n != len(self.hosts):
+                raise ValueError(
+                    f"n={self.n} but {len(self.hosts)} hosts: with ssh, every engine has "
+                    "its host (repeat a host to run several engines there)"
+                )
+        elif self.hosts:
+            placer = {"mpi": "mpiexec", "slurm": "Slurm"}.get(self.engines, "this machine")
+            raise ValueError(
+                f"hosts are for engines='ssh'; {self.engines} engines are placed by {placer}"
+            )
+        if self.n < 1:
+            raise ValueError(f"a cluster needs at least one engine, got n={self.n}")
+
+    def start(
+        self, timeout_s: float = 120.0, report: Callable[[str], None] | None = None
+    ) -> JaxCluster:
         """Start the controller and ``n`` engines, then join them into one JAX job.
 
-        The controller listens on 127.0.0.1 with a 0.5 s heartbeat, so engines register
-        in about 3 s instead of about 7.
+        The controller listens on :attr:`controller_ip` (127.0.0.1 for local engines)
+        with a 0.5 s heartbeat, so engines register in about 3 s instead of about 7.
+        The cluster gets a fresh id (:attr:`cluster_id`), which ``attach`` asks for.
+
+        Parameters
+        ----------
+        timeout_s
+            How long engines may take to register, and then to join the JAX job.
+        report
+            Called with a line every 10 s while engines are still missing, naming the
+            hosts heard from and those still awaited.
+
+        Raises
+        ------
+        ClusterError
+            If an engine could not be launched, exited, or did not register in time;
+            the message names the hosts.
         """
         import ipyparallel as ipp
 
-        if self.n < 1:
-            raise ValueError(f"a cluster needs at least one engine, got n={self.n}")
+        self._check_settings()
         t0 = time.perf_counter()
+        if self.controller_ip is None:
+            self.controller_ip = self._default_controller_ip()
         kwargs: dict[str, Any] = {
             "n": self.n,
-            "controller_ip": "127.0.0.1",
+            "controller_ip": self.controller_ip,
             "controller_args": ["--HeartMonitor.period=500"],
             "log_level": 40,
+            "engines": self.engines,
         }
         if self.profile:
             kwargs["profile"] = self.profile
+        if self.engines == "ssh":
+            self._check_ssh_hosts()
+            kwargs["config"] = self._ssh_config()
         self.cluster = ipp.Cluster(**kwargs)
+        self.cluster_id = self.cluster.cluster_id
         try:
-            self.client = self.cluster.start_and_connect_sync()
-            self.client.wait_for_engines(self.n, timeout=timeout_s)
+            try:
+                # Not start_and_connect: its wait knows no hosts, and says nothing while
+                # it waits; ours names them.
+                self.cluster.start_cluster_sync()
+                self.client = self.cluster.connect_client_sync()
+            except Exception as e:
+                failed = _called_process_error(e)
+                if failed is None:
+                    raise
+                raise self._launch_failed(failed) from None
+            self._wait_for_engines(timeout_s, report)
             self.timings["engines_s"] = time.perf_counter() - t0
+            self._place_engines(timeout_s)
             self._join(timeout_s)
         except BaseException:
             self.stop()
@@ -208,23 +304,271 @@ class JaxCluster:
         self.timings["ready_s"] = time.perf_counter() - t0
         return self
 
+    # -- where things listen ------------------------------------------------------------
+
+    def _default_controller_ip(self) -> str:
+        """Where the controller listens when not told: reachable, never every interface."""
+        if self.engines == "local":
+            return "127.0.0.1"
+        if self.engines == "ssh":
+            target = self._ssh_hostname(self.hosts[0])
+            try:
+                return route_address(target)
+            except OSError as e:
+                raise ClusterError(
+                    f"cannot tell which address of this machine {self.hosts[0]} ({target}) "
+                    f"reaches ({e}); pass --controller-ip with this machine's address on "
+                    "the hosts' network"
+                ) from None
+        import socket
+
+        with contextlib.suppress(OSError):
+            address = socket.gethostbyname(socket.gethostname())
+            if self.engines == "mpi" or not is_loopback(address):
+                return address
+        raise ClusterError(
+            f"this machine's name {socket.gethostname()!r} does not resolve to an address "
+            f"the {self.engines} hosts can reach; pass --controller-ip with this machine's "
+            "address on the hosts' network"
+        )
+
+    def _ssh_command(self) -> list[str]:
+        return ["ssh", *(["-F", self.ssh_config] if self.ssh_config else []), *SSH_OPTIONS]
+
+    def _ssh_hostname(self, host: str) -> str:
+        """The address ssh dials for ``host``, as its config resolves it (``ssh -G``)."""
+        name = host.rpartition("@")[2].partition(":")[0]
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            out = subprocess.run(
+                [*self._ssh_command(), "-G", name], capture_output=True, text=True, timeout=10
+            ).stdout
+            for line in out.splitlines():
+                key, _, value = line.partition(" ")
+                if key == "hostname" and value:
+                    return value
+        return name
+
+    def _check_ssh_hosts(self, timeout_s: float = 60.0) -> None:
+        """Ask every host at once, over ssh, whether its Python has nbckpt and ipyparallel.
+
+        ipyparallel's launcher asks one host after the other and lets ssh's own message
+        go to the kernel's terminal; this names every failing host with ssh's line.
+        """
+        python = self.python or sys.executable
+        # ssh hands the remote shell one line, so the command is quoted as a shell would.
+        probe = shlex.join([python, "-c", "import ipyparallel, nbckpt"])
+        procs = {
+            host: subprocess.Popen(
+                [*self._ssh_command(), host, probe],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for host in dict.fromkeys(self.hosts)
+        }
+        errors = []
+        for host, proc in procs.items():
+            try:
+                _out, err = proc.communicate(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                errors.append(f"{host}: no answer over ssh within {timeout_s:g} s")
+                continue
+            if proc.returncode == 255:  # ssh's own failure
+                errors.append(f"{host}: ssh failed: {_short(err)}")
+            elif proc.returncode != 0:
+                errors.append(f"{host}: {python} cannot run nbckpt there: {_short(err)}")
+        if errors:
+            raise ClusterError(
+                "could not start engines over ssh on " + "; ".join(errors) + "; check that "
+                "`ssh HOST` works without a password prompt (keys, known_hosts; --ssh-config) "
+                "and that --python names a Python with nbckpt installed on every host"
+            )
+
+    def _ssh_config(self) -> Any:
+        from traitlets.config import Config
+
+        counts: dict[str, int] = {}
+        for host in self.hosts:
+            counts[host] = counts.get(host, 0) + 1
+        options = [*(["-F", self.ssh_config] if self.ssh_config else []), *SSH_OPTIONS]
+        config = Config()
+        launcher = config.SSHEngineSetLauncher
+        launcher.engines = counts
+        launcher.remote_python = self.python or sys.executable
+        launcher.ssh_args = list(options)
+        launcher.scp_args = list(options)
+        return config
+
+    def _launch_failed(self, e: subprocess.CalledProcessError) -> ClusterError:
+        """One line for a launch command that failed (ssh, mpiexec, sbatch)."""
+        out = e.output.decode(errors="replace") if isinstance(e.output, bytes) else e.output
+        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr
+        detail = _short(err or out or f"exit status {e.returncode}")
+        cmd = e.cmd if isinstance(e.cmd, list) else str(e.cmd).split()
+        if self.engines == "ssh":
+            host = next((h for h in self.hosts if h in cmd), "a host")
+            return ClusterError(
+                f"could not start an engine on {host} over ssh: {detail}; check that "
+                f"`ssh {host}` works without a password prompt and that "
+                f"{self.python or sys.executable} exists there with nbckpt installed "
+                "(--python)"
+            )
+        return ClusterError(f"the {self.engines} launcher failed: {detail}")
+
+    # -- engines that come late, or never -------------------------------------------------
+
+    def _launchers(self) -> dict[str, Any]:
+        """The per-engine launchers of ipyparallel, by its key (``host/i`` for ssh)."""
+        found: dict[str, Any] = {}
+        for engine_set in (getattr(self.cluster, "engines", None) or {}).values():
+            found.update(getattr(engine_set, "launchers", None) or {})
+        return found
+
+    def _exited(self) -> dict[str, str]:
+        """Engines whose process exited during the start: key -> the last line it wrote."""
+        exited: dict[str, str] = {}
+        for key, launcher in self._launchers().items():
+            if getattr(launcher, "state", "") == "after":
+                text = ""
+                with contextlib.suppress(Exception):
+                    text = _short(launcher.get_output() or "")
+                exited[key] = text or "no output"
+        return exited
+
+    def _registered_hosts(self) -> list[str]:
+        """Host names of the engines that registered (asked of them, 5 s at most)."""
+        pending = [
+            self.client[eid].apply_async(remote(f"{NETADDR}:host_info"), "127.0.0.1")
+            for eid in self.client.ids
+        ]
+        hosts = []
+        for ar in pending:
+            with contextlib.suppress(Exception):
+                hosts.append(str(ar.get(timeout=5)["host"]))
+        return hosts
+
+    def _awaited(self, heard: list[str]) -> list[str]:
+        """The ssh hosts no engine has registered from yet (all of them for others)."""
+        left = list(heard)
+        missing = []
+        for host in self.hosts:
+            match = next((h for h in left if _same_host(h, host)), None)
+            if match is None:
+                missing.append(host)
+            else:
+                left.remove(match)
+        return missing
+
+    def _wait_for_engines(self, timeout_s: float, report: Callable[[str], None] | None) -> None:
+        deadline = time.monotonic() + timeout_s
+        next_report = time.monotonic() + 10.0
+        while len(self.client.ids) < self.n:
+            exited = self._exited()
+            if exited or time.monotonic() > deadline:
+                raise ClusterError(self._missing_text(timeout_s, exited))
+            if report is not None and time.monotonic() > next_report:
+                next_report += 10.0
+                report(self._waiting_text())
+            time.sleep(0.1)
+
+    def _waiting_text(self) -> str:
+        heard = self._registered_hosts()
+        awaited = self._awaited(heard) if self.hosts else []
+        return (
+            f"{len(heard)} of {self.n} engines registered"
+            + (f" (from {', '.join(sorted(heard))})" if heard else "")
+            + (f"; still waiting for {', '.join(awaited)}" if awaited else "")
+        )
+
+    def _missing_text(self, timeout_s: float, exited: dict[str, str]) -> str:
+        heard = self._registered_hosts()
+        parts = [
+            f"engine on {key.rpartition('/')[0] or key} exited before it registered: {text}"
+            for key, text in exited.items()
+        ]
+        if not exited:
+            awaited = self._awaited(heard) if self.hosts else []
+            where = f" (none from {', '.join(awaited)})" if awaited else ""
+            parts.append(
+                f"only {len(heard)} of {self.n} engines registered within {timeout_s:g} s{where}"
+            )
+        return (
+            "; ".join(parts) + f"; the hosts must reach the controller at {self.controller_ip} "
+            "(--controller-ip) and have nbckpt installed; the cluster was stopped"
+        )
+
+    def _place_engines(self, timeout_s: float) -> None:
+        """Put the engines in process order: with ssh, the order of ``hosts``."""
+        ids = sorted(self.client.ids)[: self.n]
+        toward = self.controller_ip or "127.0.0.1"
+        pending = [
+            self.client[eid].apply_async(remote(f"{NETADDR}:host_info"), toward) for eid in ids
+        ]
+        infos = {}
+        for eid, ar in zip(ids, pending, strict=True):
+            try:
+                infos[eid] = ar.get(timeout=timeout_s)
+            except Exception as e:  # an engine that does not answer now will not join
+                raise ClusterError(f"engine {eid} did not answer: {_short(str(e))}") from None
+        if self.hosts:
+            free = list(ids)
+            order = []
+            for host in self.hosts:
+                eid = next((e for e in free if _same_host(infos[e]["host"], host)), free[0])
+                free.remove(eid)
+                order.append(eid)
+            ids = order
+        self.engine_ids = ids
+        self.engine_hosts = [str(infos[e]["host"]) for e in ids]
+        if self.coordinator_host is None:
+            first = infos[ids[0]].get("address")
+            local = self.engines == "local" or first is None
+            self.coordinator_host = "127.0.0.1" if local else str(first)
+
     @classmethod
     def attach(
         cls,
         *,
-        profile: str | None = None,
         cluster_id: str | None = None,
+        profile: str | None = None,
         devices_per_process: int = 1,
-        coordinator_host: str = "127.0.0.1",
+        coordinator_host: str | None = None,
         timeout_s: float = 120.0,
     ) -> JaxCluster:
         """Connect to a running ipyparallel cluster; join its engines if not done yet.
 
         Engines that already run JAX must have been joined by nbckpt (or by your own
         ``jax.distributed.initialize`` with ranks in engine-id order).
+
+        Parameters
+        ----------
+        cluster_id
+            The cluster's id, as ``%ckpt_cluster start`` prints it (``""`` for one
+            started without an id, as plain ``ipcontroller`` does). Required: on a
+            shared machine the profile may hold other people's clusters, so none is
+            picked by default; the error lists the ids found.
+        coordinator_host
+            As for :class:`JaxCluster`; None: 127.0.0.1 when the controller listens on
+            loopback, else process 0's address on the route to the controller.
+
+        Raises
+        ------
+        ClusterError
+            Without ``cluster_id``, or if no cluster of that id runs in the profile.
         """
         import ipyparallel as ipp
 
+        found = connection_files(profile)
+        if cluster_id is None:
+            raise ClusterError(which_cluster(profile))
+        if cluster_id not in found:
+            raise ClusterError(
+                f"no cluster with id {cluster_id!r} in profile {profile or 'default'!r}; "
+                + _listing(found)
+            )
+        controller = _controller_address(found[cluster_id])
         client = ipp.Client(profile=profile, cluster_id=cluster_id or None, timeout=timeout_s)
         self = cls(
             n=len(client.ids),
@@ -232,10 +576,13 @@ class JaxCluster:
             coordinator_host=coordinator_host,
             profile=profile,
             client=client,
+            cluster_id=cluster_id,
+            controller_ip=controller,
+            engines="local" if controller is None or is_loopback(controller) else "ssh",
         )
         if self.n == 0:
             raise ClusterError("the ipyparallel cluster has no engines; start some first")
-        self.engine_ids = sorted(client.ids)
+        self._place_engines(timeout_s)
         states = self.apply(_safe_info, what="probe", timeout_s=timeout_s)
         if not any(s is not None and s.get("initialized") for s in states):
             self._join(timeout_s)
@@ -303,12 +650,12 @@ class JaxCluster:
         """
         import ipyparallel as ipp
 
-        self.engine_ids = sorted(self.client.ids)[: self.n]
         t0 = time.perf_counter()
+        host = self.coordinator_host or "127.0.0.1"
         first = self.client[self.engine_ids[0]]
         # Picked on process 0's engine: the port must be free where the service binds.
-        port = first.apply_sync(remote(f"{PROCESS}:pick_port"), self.coordinator_host)
-        self.coordinator = f"{self.coordinator_host}:{port}"
+        port = first.apply_sync(remote(f"{PROCESS}:pick_port"), host)
+        self.coordinator = f"{host}:{port}"
         pending = [
             self.client[eid].apply_async(
                 remote(f"{PROCESS}:initialize"),
@@ -433,10 +780,77 @@ class JaxCluster:
         self.client = None
         self.cluster = None
         self.engine_ids = []
+        self.engine_hosts = []
         self._view = None
         self._px_active = False
         self.timings["stop_s"] = time.perf_counter() - t0
         return self.timings["stop_s"]
+
+
+def _called_process_error(exc: BaseException | None) -> subprocess.CalledProcessError | None:
+    """The failed launch command behind a launcher's error, if there is one."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, subprocess.CalledProcessError):
+            return exc
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
+
+
+def _same_host(reported: str, entry: str) -> bool:
+    """Whether an engine reporting host name ``reported`` runs on ``[user@]host[:port]``."""
+    name = entry.rpartition("@")[2].partition(":")[0]
+    return reported == name or reported.split(".")[0] == name.split(".")[0]
+
+
+_CONNECTION_FILE = re.compile(r"^ipcontroller-(?:(.+)-)?client\.json$")
+
+
+def connection_files(profile: str | None = None) -> dict[str, Path]:
+    """The clusters whose client connection files are in ``profile``: id -> file.
+
+    ``""`` is the id of a cluster started without one (plain ``ipcontroller``).
+    """
+    from IPython.paths import locate_profile
+
+    try:
+        security = Path(locate_profile(profile or "default")) / "security"
+    except OSError:
+        return {}
+    found: dict[str, Path] = {}
+    for path in sorted(security.glob("ipcontroller-*client.json")):
+        match = _CONNECTION_FILE.match(path.name)
+        if match is not None:
+            found[match.group(1) or ""] = path
+    return found
+
+
+def _listing(found: dict[str, Path]) -> str:
+    if not found:
+        return "none runs there (no connection file); start one with %ckpt_cluster start"
+    items = []
+    for cid, path in sorted(found.items(), key=lambda kv: kv[1].stat().st_mtime):
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(path.stat().st_mtime))
+        items.append(f"{cid!r} (started {when})" if cid else f'"" (no id, started {when})')
+    return "clusters there: " + ", ".join(items)
+
+
+def which_cluster(profile: str | None = None) -> str:
+    """Why ``attach`` needs a cluster id, with the ids of the clusters in ``profile``."""
+    return (
+        "attach needs --cluster-id, so that it never joins engines another notebook or "
+        f"user started in profile {profile or 'default'!r}; "
+        f"{_listing(connection_files(profile))} (%ckpt_cluster start prints its id)"
+    )
+
+
+def _controller_address(path: Path) -> str | None:
+    """The address the controller of a connection file listens on."""
+    with contextlib.suppress(OSError, ValueError):
+        info = json.loads(path.read_text())
+        address = str(info.get("location") or info.get("interface", "").rpartition("/")[2])
+        return address or None
+    return None
 
 
 def _safe_info() -> dict[str, Any] | None:

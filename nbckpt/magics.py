@@ -20,7 +20,7 @@ from IPython.core.magic import Magics, line_magic, magics_class
 from nbckpt import _magic_args as a
 from nbckpt import storage
 from nbckpt.client import CheckpointClient, SaveHandle, resolve_operation
-from nbckpt.cluster import JaxCluster
+from nbckpt.cluster import JaxCluster, which_cluster
 from nbckpt.errors import NbckptError, RenameUnavailableError, StorageError, StorageURLError
 from nbckpt.inventory import list_steps
 from nbckpt.widgets._registry import LiveViews
@@ -110,9 +110,11 @@ class NbckptMagics(Magics):
             self._client().handles.clear()
             print(
                 f"{len(self.cluster.engine_ids)} fresh JAX processes ready in "
-                f"{self.cluster.timings['ready_s']:.1f} s; rebuild or %ckpt_restore your state"
+                f"{self.cluster.timings['ready_s']:.1f} s (cluster id "
+                f"{self.cluster.cluster_id}); rebuild or %ckpt_restore your state"
             )
         else:
+            print(f"cluster id {self.cluster.cluster_id}, coordinator {self.cluster.coordinator}")
             for s in self.cluster.status():
                 print(
                     f"process {s['process']}: {s['local_devices']} of {s['devices']} devices, "
@@ -127,8 +129,9 @@ class NbckptMagics(Magics):
         cluster.activate_px()  # %px waits for the engines and shows their output
         took = f" in {cluster.timings['ready_s']:.1f} s" if "ready_s" in cluster.timings else ""
         print(
-            f"{len(cluster.engine_ids)} JAX processes ready{took} "
-            f"(coordinator {cluster.coordinator}); %px and %%px run on all of them"
+            f"{len(cluster.engine_ids)} JAX processes ready{took} on {_hosts_text(cluster)} "
+            f"(cluster id {cluster.cluster_id}, coordinator {cluster.coordinator}); %px and "
+            "%%px run on all of them"
             + (f"; checkpoints go to {self.client.directory}" if args.directory else "")
         )
 
@@ -365,6 +368,14 @@ class NbckptMagics(Magics):
         return fig
 
 
+def _hosts_text(cluster: JaxCluster) -> str:
+    """``h0, h1 (2), h2``: where the processes run, in process order."""
+    counts: dict[str, int] = {}
+    for host in cluster.engine_hosts:
+        counts[host] = counts.get(host, 0) + 1
+    return ", ".join(f"{h} ({c})" if c > 1 else h for h, c in counts.items()) or "no host"
+
+
 def _start_cluster(args: a.ClusterArgs) -> JaxCluster:
     """Start a new cluster, or attach to a running one, as ``%ckpt_cluster`` asked."""
     if args.action == "start":
@@ -372,7 +383,14 @@ def _start_cluster(args: a.ClusterArgs) -> JaxCluster:
             n=args.n,
             devices_per_process=args.devices_per_process,
             coordinator_host=args.coordinator_host,
-        ).start()
+            engines=args.engines,
+            hosts=args.hosts,
+            controller_ip=args.controller_ip,
+            ssh_config=args.ssh_config,
+            python=args.python,
+        ).start(report=print)
+    if args.cluster_id is None:  # never picked by default: it may be someone else's
+        raise UsageError(which_cluster(args.profile))
     return JaxCluster.attach(
         profile=args.profile,
         cluster_id=args.cluster_id,

@@ -10,6 +10,7 @@ quoted directories, barrier names that are paths, unbalanced quotes).
 from __future__ import annotations
 
 import math
+import re
 import shlex
 from collections.abc import Callable
 from typing import Any
@@ -517,6 +518,37 @@ def test_restore_step_and_timeout():
 def test_cluster_counts_are_checked(line):
     with pytest.raises(UsageError, match="usage: %ckpt_cluster"):
         a.parse_cluster_args(line)
+
+
+@pytest.mark.parametrize(
+    "line,message",
+    [
+        ("start --engines ssh", "needs --hosts"),
+        ("start --hosts h0,h1", "--hosts is for --engines ssh"),
+        ("start --engines ssh --hosts h0,,h1", "separated by commas"),
+        ("start --engines ssh --hosts h0,h1 -n 3", "-n 3 but 2 --hosts"),
+        ("start --ssh-config /x", "is for --engines ssh"),
+        ("start --engines mpi --python /x", "is for --engines ssh"),
+        ("start --engines ssh --hosts h0 --controller-ip ' '", "--controller-ip needs"),
+        ("start --engines pbs", "invalid choice"),
+    ],
+)
+def test_launcher_misuse_gives_usage_errors(line, message):
+    with pytest.raises(UsageError, match=re.escape(message)):
+        a.parse_cluster_args(line)
+
+
+def test_launcher_lines_parse_to_what_was_meant():
+    ssh = a.parse_cluster_args("start --engines ssh --hosts h0,me@h1:2222,h0 --python /v/py")
+    assert ssh.n == 3 and ssh.hosts == ["h0", "me@h1:2222", "h0"] and ssh.python == "/v/py"
+    assert ssh.coordinator_host is None and ssh.controller_ip is None
+    assert a.parse_cluster_args("start --engines slurm -n 8").n == 8
+    assert a.parse_cluster_args("start").n == 4
+
+
+def test_attach_without_a_cluster_id_lists_the_ids_instead_of_picking_one(ip):
+    with pytest.raises(UsageError, match=r"attach needs --cluster-id.*start prints its id"):
+        ip.run_line_magic("ckpt_cluster", "attach")
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ import pytest
 from IPython.core.error import UsageError
 
 from nbckpt.client import SaveFailedError
+from nbckpt.cluster import JaxCluster, connection_files
 from nbckpt.errors import ClusterError
 from nbckpt.magics import NbckptMagics
 
@@ -151,6 +152,23 @@ def test_cluster_save_barrier_restore_status_ls_stop(ip, cluster, capsys):
     assert re.search(r"^\s+2\s+complete", listing, re.M)
     with pytest.raises(UsageError, match="no directory"):
         ip.run_line_magic("ckpt_ls", str(root / "nope"))
+
+
+def test_attach_finds_only_the_cluster_it_is_told(ip, cluster):
+    # The notebook's cluster has a fresh id of its own; another client on this machine
+    # is refused without that id (with the ids listed) and reaches it only with it.
+    mine = cluster["magics"].cluster
+    assert mine.cluster_id and mine.cluster_id in connection_files()
+    with pytest.raises(ClusterError, match=rf"attach needs --cluster-id.*'{mine.cluster_id}'"):
+        JaxCluster.attach()
+    with pytest.raises(ClusterError, match=r"no cluster with id 'nope'.*clusters there"):
+        JaxCluster.attach(cluster_id="nope")
+    other = JaxCluster.attach(cluster_id=mine.cluster_id, timeout_s=30)
+    try:
+        assert other.engine_ids == mine.engine_ids and other.n == 2
+        assert other.coordinator is None  # the engines were joined already: not again
+    finally:
+        other.client.close()
 
 
 def test_engine_errors_name_the_processes(ip, cluster):

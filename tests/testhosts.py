@@ -67,12 +67,13 @@ def _free_subnet() -> ipaddress.IPv4Network:
 
 @dataclass(frozen=True)
 class Host:
-    """One test host: its namespace, host name and address."""
+    """One test host: its namespace, host name, address and its link to the bridge."""
 
     index: int
     netns: str
     name: str
     address: str
+    link: str  # the bridge-side end of the host's cable: down cuts the host off
 
 
 class TestHosts:
@@ -85,6 +86,10 @@ class TestHosts:
     loopback_names
         Map each host's own name to ``127.0.1.1`` in its ``/etc/hosts``, as Debian and
         Ubuntu do by default (the other hosts' names still map to their addresses).
+    gateway
+        Put this machine on the network too, at the subnet's last address
+        (:attr:`gateway`), as the notebook's host: then a controller here can listen
+        where the hosts reach it, and ``ssh`` from here reaches the hosts.
 
     Examples
     --------
@@ -94,7 +99,7 @@ class TestHosts:
 
     __test__ = False  # a fixture, not a test class
 
-    def __init__(self, n: int, *, loopback_names: bool = False) -> None:
+    def __init__(self, n: int, *, loopback_names: bool = False, gateway: bool = False) -> None:
         why = unavailable()
         if why is not None:
             raise RuntimeError(why)
@@ -102,7 +107,10 @@ class TestHosts:
         self.bridge = f"nbbr{tag}"
         self.subnet = _free_subnet()
         addresses = list(self.subnet.hosts())
-        self.hosts = [Host(i, f"nbh{tag}{i}", f"h{i}", str(addresses[i])) for i in range(n)]
+        self.gateway: str | None = str(addresses[-1]) if gateway else None
+        self.hosts = [
+            Host(i, f"nbh{tag}{i}", f"h{i}", str(addresses[i]), f"nv{tag}{i}o") for i in range(n)
+        ]
         self._made: list[str] = []
         atexit.register(self.close)
         try:
@@ -115,11 +123,13 @@ class TestHosts:
         _ip("link", "add", "name", self.bridge, "type", "bridge")
         self._made.append(f"link:{self.bridge}")
         _ip("link", "set", self.bridge, "up")
+        if self.gateway is not None:
+            _ip("addr", "add", f"{self.gateway}/{self.subnet.prefixlen}", "dev", self.bridge)
         names = "".join(f"{h.address} {h.name}\n" for h in self.hosts)
         for h in self.hosts:
             _ip("netns", "add", h.netns)
             self._made.append(f"netns:{h.netns}")
-            outside, inside = f"nv{tag}{h.index}o", f"nv{tag}{h.index}i"
+            outside, inside = h.link, f"nv{tag}{h.index}i"
             _ip("link", "add", outside, "type", "veth", "peer", "name", inside)
             _ip("link", "set", inside, "netns", h.netns)
             _ip("link", "set", outside, "master", self.bridge, "up")
@@ -148,6 +158,14 @@ class TestHosts:
     def launcher(self, placement: Sequence[int]) -> list[list[str]]:
         """Per process, the prefix that starts it on host ``placement[i]``."""
         return [self.command(h, []) for h in placement]
+
+    def cut(self, index: int) -> None:
+        """Cut host ``index`` off the network, as a pulled cable: its processes live on."""
+        _ip("link", "set", self.hosts[index].link, "down")
+
+    def reconnect(self, index: int) -> None:
+        """Plug host ``index`` back in (after :meth:`cut`)."""
+        _ip("link", "set", self.hosts[index].link, "up")
 
     def close(self) -> None:
         """Remove every namespace, link and file this made (again: nothing to do)."""

@@ -7,56 +7,18 @@ each worker of a local :class:`~nbckpt.procgroup.ProcessGroup` calls it at start
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import socket
 from typing import Any
 
 from nbckpt.engine import health
 from nbckpt.engine.sync import default_client
+from nbckpt.netaddr import loopback_name, route_address
 
 __all__ = ["info", "initialize", "loopback_name", "pick_port", "route_address", "shutdown"]
 
 #: How this process was joined; empty until :func:`initialize` ran.
 _joined: dict[str, Any] = {}
-
-
-def route_address(coordinator: str) -> str:
-    """The local address this host reaches ``coordinator`` (``host:port``) from.
-
-    Asked of the kernel's routing table (a UDP socket connected to the coordinator
-    sends nothing), so it is the interface the other hosts reach too.
-    """
-    host, _, port = coordinator.rpartition(":")
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.connect((host.strip("[]"), int(port or 1)))
-        return str(s.getsockname()[0])
-
-
-def loopback_name(coordinator: str) -> str | None:
-    """This host's name if it resolves to a loopback address while the job spans hosts.
-
-    On Debian and Ubuntu ``/etc/hosts`` maps the host name to ``127.0.1.1``. JAX's CPU
-    collectives (gloo) then advertise that address to the other processes, and every
-    cross-host collective fails. None when the name is fine, or the job is on one host
-    (the coordinator itself is a loopback address).
-    """
-    host = coordinator.rpartition(":")[0].strip("[]")
-    try:
-        if _is_loopback(socket.gethostbyname(host)):
-            return None
-        mine = socket.gethostbyname(socket.gethostname())
-    except OSError:
-        return None
-    return socket.gethostname() if _is_loopback(mine) else None
-
-
-def _is_loopback(address: str) -> bool:
-    """Whether ``address`` is an IPv4 or IPv6 loopback address."""
-    try:
-        return ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        return False
 
 
 def _advertise_collectives_at(address: str) -> None:
