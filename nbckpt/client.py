@@ -17,17 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nbckpt import storage
+from nbckpt import reads, storage
 from nbckpt.cluster import AGENT, ENGINE_DIED, JaxCluster, engine_errors, errors_by_process, remote
 from nbckpt.errors import ClusterGoneError, SaveFailedError, by_process, who
-from nbckpt.journal import (
-    OperationRecord,
-    ProcessRecord,
-    list_operations,
-    merge_events,
-    read_operation,
-)
-from nbckpt.layout import Mode, is_complete, ops_dir, read_metadata, step_dir
+from nbckpt.journal import OperationRecord, ProcessRecord, merge_events
+from nbckpt.layout import Mode, step_dir
 from nbckpt.protocol import (
     DEFAULT_BARRIER_TIMEOUT_S,
     DEFAULT_SAVE_TIMEOUT_S,
@@ -45,6 +39,10 @@ __all__ = [
     "SaveHandle",
     "resolve_operation",
 ]
+
+
+#: The journal reader, run where the storage is seen (:mod:`nbckpt.reads`).
+READ_OPERATION = "nbckpt.journal:read_operation"
 
 
 def _call_key() -> str:
@@ -110,9 +108,10 @@ class SaveHandle:
         a second after ``save`` returned (its journal is put whole, once per flush).
         """
         try:
-            return read_operation(self.root, self.op)
+            record: OperationRecord = reads.run(READ_OPERATION, self.root, self.op)
         except FileNotFoundError:
             return merge_events(self.op, {})
+        return record
 
     def status(self) -> str:
         """:class:`~nbckpt.protocol.Status` ``RUNNING``, ``COMMITTED`` or ``FAILED``."""
@@ -208,9 +207,9 @@ def _outcome(rec: OperationRecord, root: str, failed: list[dict[str, Any]]) -> s
     if rec.step is None:
         return "nothing was committed"
     path = step_dir(root, rec.step)
-    complete = is_complete(path)
+    complete = reads.run("nbckpt.layout:is_complete", path)
     if complete:
-        meta = read_metadata(path) or {}
+        meta = reads.run("nbckpt.layout:read_metadata", path) or {}
         finalized = any(
             e.get("event") == Event.FINALIZED for r in rec.processes.values() for e in r.events
         )
@@ -590,19 +589,13 @@ def resolve_operation(
         root = client.directory
     else:
         raise ValueError("which checkpoint directory? pass --dir D (or start the cluster)")
-    known = list_operations(root)
+    known: list[str] = reads.run("nbckpt.journal:list_operations", root)
     if op is None:
         if not known:
             raise ValueError(f"no journaled operations in {root}")
         op = known[-1]
     # An op is a folder name: nothing that could lead out of the journal's folder.
-    if (
-        op in (".", "..")
-        or "/" in op
-        or "\\" in op
-        or "\0" in op
-        or not (ops_dir(root) / op).is_dir()
-    ):
+    if op in (".", "..") or "/" in op or "\\" in op or "\0" in op or op not in known:
         latest = ", ".join(known[-3:]) or "none"
         raise ValueError(f"no operation {op!r} in {root}; latest: {latest}")
     return root, op

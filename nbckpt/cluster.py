@@ -45,6 +45,7 @@ __all__ = [
 AGENT = "nbckpt.engine.agent"
 PROCESS = "nbckpt.engine.process"
 NETADDR = "nbckpt.netaddr"
+RELAY = "nbckpt.engine.relay"
 
 #: How engines can be started: ipyparallel's engine launchers, by the names it uses.
 LAUNCHERS = ("local", "ssh", "mpi", "slurm")
@@ -186,6 +187,7 @@ class JaxCluster:
     engine_ids: list[int] = field(default_factory=list)
     engine_hosts: list[str] = field(default_factory=list)
     coordinator: str | None = None
+    relay: Any = None
     timings: dict[str, float] = field(default_factory=dict)
     _view: Any = field(default=None, init=False, repr=False)
     _px_active: bool = field(default=False, init=False, repr=False)
@@ -298,6 +300,7 @@ class JaxCluster:
             self.timings["engines_s"] = time.perf_counter() - t0
             self._place_engines(timeout_s)
             self._join(timeout_s)
+            self._start_relays(timeout_s)
         except BaseException:
             self.stop()
             raise
@@ -586,7 +589,29 @@ class JaxCluster:
         states = self.apply(_safe_info, what="probe", timeout_s=timeout_s)
         if not any(s is not None and s.get("initialized") for s in states):
             self._join(timeout_s)
+        self._start_relays(timeout_s)
         return self
+
+    def _start_relays(self, timeout_s: float) -> None:
+        """On engines of other hosts, start the read services the notebook reads through.
+
+        The hosts see the checkpoint storage; this machine may not (see
+        :mod:`nbckpt.reads`). Engines on this machine need none.
+        """
+        import os
+        import socket
+
+        from nbckpt import reads
+
+        if all(host == socket.gethostname() for host in self.engine_hosts):
+            return
+        key = os.urandom(32)
+        toward = self.controller_ip or "127.0.0.1"
+        addresses = self.apply(
+            f"{RELAY}:serve", key, toward, what="starting the read service", timeout_s=timeout_s
+        )
+        self.relay = reads.Relay(addresses, key, self.engine_hosts)
+        reads.use(self.relay)  # the notebook's reads go there until this cluster stops
 
     def apply_each(
         self,
@@ -779,6 +804,10 @@ class JaxCluster:
                 self.client.close()
         self.client = None
         self.cluster = None
+        from nbckpt import reads
+
+        reads.release(self.relay)
+        self.relay = None
         self.engine_ids = []
         self.engine_hosts = []
         self._view = None

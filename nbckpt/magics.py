@@ -18,11 +18,10 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 
 from nbckpt import _magic_args as a
-from nbckpt import storage
+from nbckpt import reads, storage
 from nbckpt.client import CheckpointClient, SaveHandle, resolve_operation
 from nbckpt.cluster import JaxCluster, which_cluster
 from nbckpt.errors import NbckptError, RenameUnavailableError, StorageError, StorageURLError
-from nbckpt.inventory import list_steps
 from nbckpt.widgets._registry import LiveViews
 
 __all__ = ["NbckptMagics", "get_client", "load_ipython_extension"]
@@ -257,7 +256,7 @@ class NbckptMagics(Magics):
         """
         root = self._root(a.parse_ls_args(line).directory, "ckpt_ls")
         try:
-            rows = list_steps(root)
+            rows = reads.run("nbckpt.inventory:list_steps", root)
         except (FileNotFoundError, StorageError) as e:  # one line, no traceback
             raise UsageError(str(e)) from None
         if not rows:
@@ -315,12 +314,10 @@ class NbckptMagics(Magics):
         ``--clean`` removes abandoned entries and never a complete step; ``--verify``
         recomputes every chunk's checksum recorded at save time.
         """
-        from nbckpt.fsck import fsck
-
         args = a.parse_fsck_args(line)
         root = self._root(args.directory, "ckpt_fsck")
         try:
-            report = fsck(root, clean=args.clean, verify=args.verify)
+            report = reads.run("nbckpt.fsck:fsck", root, clean=args.clean, verify=args.verify)
         except (FileNotFoundError, StorageError) as e:  # one line, no traceback
             raise UsageError(str(e)) from None
         print(report.table())

@@ -15,7 +15,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from nbckpt import storage
+from nbckpt import reads, storage
 from nbckpt.journal import JournalReader, OperationRecord, ProcessRecord, merge_events
 from nbckpt.layout import ops_dir
 from nbckpt.protocol import BARRIER_PREFIX, END_EVENT, Event, Kind, Phase, Status
@@ -255,6 +255,7 @@ class JournalTailer:
         self.op = op
         self._reader: JournalReader | None = None
         self._record: OperationRecord | None = None
+        self._remote_count = 0
         self.polled_at: float | None = None
 
     def _folder(self) -> Location | None:
@@ -270,6 +271,8 @@ class JournalTailer:
     def poll(self) -> bool:
         """Read what was appended since the last poll; tell whether there was anything."""
         self.polled_at = time.time()
+        if reads.remote():  # only the hosts see the journal: they read it whole
+            return self._poll_remote()
         if self._reader is None:
             folder = self._folder()
             if folder is not None:
@@ -279,10 +282,24 @@ class JournalTailer:
             self._record = merge_events(self.op, self._reader.events if self._reader else {})
         return grew
 
+    def _poll_remote(self) -> bool:
+        record = reads.run("nbckpt.journal:read_matching", self.root, self.op)
+        if record is None:
+            grew = False
+            record = merge_events(self.op, {})
+        else:
+            self.op = record.op
+            count = sum(len(p.events) for p in record.processes.values())
+            grew, self._remote_count = count > self._remote_count, count
+        self._record = record
+        return grew
+
     @property
     def event_count(self) -> int:
         """How many events have been read so far, over all processes."""
-        return self._reader.event_count if self._reader is not None else 0
+        if self._reader is None:
+            return self._remote_count
+        return self._reader.event_count
 
     def record(self) -> OperationRecord:
         """The merged journal as of the last :meth:`poll` (polls once if never polled)."""

@@ -9,15 +9,20 @@ cross-host collectives pick the address that reaches the other hosts.
 
 from __future__ import annotations
 
+import re
 import subprocess
+import time
+from pathlib import Path
 
 import psutil
 import pytest
 
+from nbckpt import reads
+from nbckpt.client import SaveFailedError
 from nbckpt.cluster import JaxCluster
 from nbckpt.errors import ClusterError
 from nbckpt.layout import all_steps
-from tests.sshhosts import SSHHosts
+from tests.sshhosts import HOST_STORAGE, SSHHosts
 from tests.sshhosts import unavailable as no_sshd
 from tests.testhosts import TestHosts, unavailable
 
@@ -165,3 +170,61 @@ def test_engines_that_never_register_are_reported_by_host(hosts):
     assert "only 0 of 1 engines registered within 8 s (none from h2)" in text, text
     assert "controller at 127.0.0.1 (--controller-ip)" in text
     assert cluster.client is None and cluster.cluster is None
+
+
+def test_the_notebook_reads_what_only_the_hosts_see(ip, tmp_path, capsys):
+    # Each host mounts the storage at /srv/ckpt; this machine has no /srv/ckpt at all.
+    # Journals, listings, fsck and the timeline reach the notebook through the engines'
+    # read services, which answer even while the engines run a cell.
+    store = tmp_path / "store"
+    store.mkdir()
+    magics = _magics(ip)
+    with (
+        TestHosts(2, gateway=True) as made,
+        SSHHosts(made, tmp_path / "ssh", storage=store) as ssh,
+    ):
+        assert not Path(HOST_STORAGE).exists()
+        try:
+            ip.run_line_magic(
+                "ckpt_cluster",
+                f"start --engines ssh --ssh-config {ssh.config} --dir {HOST_STORAGE} --hosts h0,h1",
+            )
+            cluster = magics.cluster
+            assert reads.remote() and cluster.relay is not None
+            ip.run_cell_magic("px", "", BUILD)
+            handle = ip.run_line_magic("ckpt_save", "state --step 1 --quiet")
+            ip.run_line_magic("ckpt_wait", "")
+            assert handle.status() == "committed"
+            ip.run_line_magic("ckpt_save", "state --step 2 --wait --quiet")
+            capsys.readouterr()
+
+            ip.run_line_magic("ckpt_ls", "")
+            listing = capsys.readouterr().out
+            assert re.search(rf"^\s+1\s+complete\s+nbckpt\s+{HOST_STORAGE}/1", listing, re.M)
+            assert re.search(r"^\s+2\s+complete", listing, re.M)
+            ip.run_line_magic("ckpt_fsck", "")
+            assert "complete" in capsys.readouterr().out
+            ip.run_line_magic("ckpt_show", "")
+            assert "committed" in capsys.readouterr().out
+            ip.run_line_magic("ckpt_timeline", f"--save {tmp_path / 't.png'}")
+            assert (tmp_path / "t.png").stat().st_size > 0
+
+            # A failed save is explained from the hosts' view of the step.
+            ip.run_line_magic("ckpt_fault", "fail-io --process 1")
+            with pytest.raises(SaveFailedError, match="nothing was committed for this step"):
+                ip.run_line_magic("ckpt_save", "state --step 3 --wait --quiet")
+            ip.run_line_magic("ckpt_fault", "clear")
+
+            # The read service answers while every engine is busy running a cell.
+            busy = cluster.view.apply_async(time.sleep, 5)
+            ops = reads.run("nbckpt.journal:list_operations", HOST_STORAGE)
+            assert len(ops) >= 3 and not busy.ready()
+            busy.get(timeout=30)
+
+            # The checkpoint is on the hosts' storage, not on this machine's /srv.
+            assert sorted(p.name for p in store.iterdir() if p.name.isdigit()) == ["1", "2"]
+        finally:
+            if magics.cluster is not None:
+                magics.cluster.stop()
+                magics.cluster = magics.client = None
+        assert not reads.remote()

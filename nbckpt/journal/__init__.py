@@ -11,6 +11,7 @@ from nbckpt.journal._reader import (
     ProcessRecord,
     list_operations,
     merge_events,
+    read_matching,
     read_operation,
 )
 from nbckpt.journal._writer import EVENTS, JournalWriter
@@ -24,5 +25,6 @@ __all__ = [
     "ProcessRecord",
     "list_operations",
     "merge_events",
+    "read_matching",
     "read_operation",
 ]

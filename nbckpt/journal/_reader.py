@@ -265,6 +265,23 @@ def read_operation(root: Where, op: str) -> OperationRecord:
     return reader.merge(op)
 
 
+def read_matching(root: Where, op: str) -> OperationRecord | None:
+    """The journal of ``op``, or of the first operation matching it; None while absent.
+
+    ``op`` may contain ``*`` (a glob over the operation folders), as a barrier's op
+    does before the notebook knows its full name; the record's ``op`` is the match.
+    """
+    if "*" in op:
+        matches = storage.glob(ops_dir(root), op)
+        if not matches:
+            return None
+        op = matches[0].name
+    try:
+        return read_operation(root, op)
+    except FileNotFoundError:
+        return None
+
+
 def list_operations(root: Where) -> list[str]:
     """List the operation ids journaled under ``root``, oldest first.
 

@@ -9,7 +9,8 @@ from pathlib import Path
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from nbckpt.journal import OperationRecord, PhaseSpan, read_operation
+from nbckpt import reads
+from nbckpt.journal import OperationRecord, PhaseSpan
 from nbckpt.protocol import BARRIER_PREFIX, Event, Kind, Phase, Status
 
 __all__ = ["PHASE_COLORS", "plot_timeline"]
@@ -42,7 +43,8 @@ def _load(source: OperationRecord | str | os.PathLike[str], op: str | None) -> O
         return source
     if op is None:
         raise ValueError("plot_timeline(root, op): name the operation when passing a root")
-    return read_operation(source, op)
+    record: OperationRecord = reads.run("nbckpt.journal:read_operation", source, op)
+    return record
 
 
 def _draw_span(ax: object, y: float, span: PhaseSpan, t0: float, end: float, p: int) -> None:
