@@ -315,7 +315,8 @@ CLUSTER: Final = MagicArgs(
         "--controller-ip",
         metavar="ADDR",
         help="where the controller listens (start; default 127.0.0.1 for local "
-        "engines, else this machine's address toward the hosts)",
+        "engines, this machine's address toward the first host for ssh, the address "
+        "of this machine's name for mpi and slurm)",
     ),
     argument(
         "--coordinator-host",
@@ -329,7 +330,8 @@ CLUSTER: Final = MagicArgs(
         metavar="PATH",
         help="Python with nbckpt on the ssh hosts (start; default this kernel's)",
     ),
-    argument("--profile", help="ipyparallel profile (attach)"),
+    argument("--profile", help="ipyparallel profile (start, attach)"),
+    timeout_arg(120.0, "deadline for engines to register and join (start, attach)"),
     argument(
         "--cluster-id",
         help="id of the cluster to attach to, as start prints it (required by attach)",
@@ -353,6 +355,18 @@ class ClusterArgs:
     python: str | None
     profile: str | None
     cluster_id: str | None
+    timeout_s: float
+
+
+#: What only ``start`` takes, by its flag and the name argparse gives it.
+_START_ONLY = {
+    "-n": "n",
+    "--engines": "engines",
+    "--hosts": "hosts",
+    "--controller-ip": "controller_ip",
+    "--ssh-config": "ssh_config",
+    "--python": "python",
+}
 
 
 def _address(text: str | None, flag: str) -> str | None:
@@ -380,6 +394,12 @@ def parse_cluster_args(line: str) -> ClusterArgs:
     """Parse and check ``%ckpt_cluster``'s line; raise UsageError if anything is wrong."""
     ns = CLUSTER.parse(line)
     with CLUSTER.checking():
+        if ns.action != "start":
+            given = [
+                f for f, name in _START_ONLY.items() if getattr(ns, name) not in (None, "local")
+            ]
+            if given:
+                raise ValueError(f"{', '.join(given)} only go with start, not {ns.action}")
         hosts = _hosts(ns.hosts, ns.engines)
         n = whole(ns.n, "-n", low=1, high=MAX_PROCESSES) if ns.n is not None else None
         if hosts and n is not None and n != len(hosts):
@@ -405,6 +425,7 @@ def parse_cluster_args(line: str) -> ClusterArgs:
             python=ns.python,
             profile=ns.profile,
             cluster_id=ns.cluster_id,
+            timeout_s=seconds(ns.timeout, "--timeout"),
         )
 
 

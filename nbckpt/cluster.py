@@ -140,8 +140,8 @@ class JaxCluster:
     Parameters
     ----------
     n
-        Number of engines (JAX processes) to start. With ``engines="ssh"`` it defaults
-        to one engine per entry of ``hosts``.
+        Number of engines (JAX processes) to start. With ``engines="ssh"`` it must be
+        the number of entries of ``hosts`` (the magic's ``-n`` defaults to that).
     devices_per_process
         CPU devices per process (``jax_num_cpu_devices``).
     coordinator_host
@@ -335,21 +335,31 @@ class JaxCluster:
             "address on the hosts' network"
         )
 
-    def _ssh_command(self) -> list[str]:
-        return ["ssh", *(["-F", self.ssh_config] if self.ssh_config else []), *SSH_OPTIONS]
+    def _ssh_command(self, host: str | None = None) -> list[str]:
+        """``ssh`` with nbckpt's options, and ``[user@]host[:port]`` as ssh takes it."""
+        argv = ["ssh", *(["-F", self.ssh_config] if self.ssh_config else []), *SSH_OPTIONS]
+        if host is None:
+            return argv
+        user, at, rest = host.rpartition("@")
+        name, colon, port = rest.partition(":")
+        if colon and port.isdigit():  # ipyparallel's host:port, which ssh spells -p
+            return [*argv, "-p", port, f"{user}{at}{name}"]
+        return [*argv, host]
 
     def _ssh_hostname(self, host: str) -> str:
         """The address ssh dials for ``host``, as its config resolves it (``ssh -G``)."""
-        name = host.rpartition("@")[2].partition(":")[0]
         with contextlib.suppress(OSError, subprocess.SubprocessError):
             out = subprocess.run(
-                [*self._ssh_command(), "-G", name], capture_output=True, text=True, timeout=10
+                [*self._ssh_command(host)[:-1], "-G", self._ssh_command(host)[-1]],
+                capture_output=True,
+                text=True,
+                timeout=10,
             ).stdout
             for line in out.splitlines():
                 key, _, value = line.partition(" ")
                 if key == "hostname" and value:
                     return value
-        return name
+        return host.rpartition("@")[2].partition(":")[0]
 
     def _check_ssh_hosts(self, timeout_s: float = 60.0) -> None:
         """Ask every host at once, over ssh, whether its Python has nbckpt and ipyparallel.
@@ -362,7 +372,7 @@ class JaxCluster:
         probe = shlex.join([python, "-c", "import ipyparallel, nbckpt"])
         procs = {
             host: subprocess.Popen(
-                [*self._ssh_command(), host, probe],
+                [*self._ssh_command(host), probe],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -519,7 +529,16 @@ class JaxCluster:
             free = list(ids)
             order = []
             for host in self.hosts:
-                eid = next((e for e in free if _same_host(infos[e]["host"], host)), free[0])
+                # By the name the host gives itself, else by the address ssh dialled.
+                dialled = _resolve(self._ssh_hostname(host))
+                eid = next(
+                    (
+                        e
+                        for e in free
+                        if _same_host(infos[e]["host"], host) or infos[e]["address"] == dialled
+                    ),
+                    free[0],
+                )
                 free.remove(eid)
                 order.append(eid)
             ids = order
@@ -764,7 +783,18 @@ class JaxCluster:
         A JAX process cannot rejoin a job, so every engine is new. If ``%px`` was
         activated (:meth:`activate_px`), it is activated on the new engines the same
         way, so ``%px`` after a restart behaves as after a start.
+
+        Raises
+        ------
+        ClusterError
+            For an attached cluster, before anything is stopped: nbckpt did not start
+            its engines, so it cannot start them again.
         """
+        if self.cluster is None and self.client is not None:
+            raise ClusterError(
+                "this cluster was attached, so nbckpt cannot start its engines again: stop "
+                "it (%ckpt_cluster stop), start engines as you did before, then attach"
+            )
         px = self._px_active
         self.stop()
         self.start(timeout_s)
@@ -874,12 +904,28 @@ def which_cluster(profile: str | None = None) -> str:
 
 
 def _controller_address(path: Path) -> str | None:
-    """The address the controller of a connection file listens on."""
+    """The address the controller of a connection file listens on.
+
+    Its ``interface`` when that is one address, else its ``location`` (by default the
+    controller machine's name, which the hosts may not resolve).
+    """
     with contextlib.suppress(OSError, ValueError):
         info = json.loads(path.read_text())
-        address = str(info.get("location") or info.get("interface", "").rpartition("/")[2])
-        return address or None
+        interface = str(info.get("interface", "")).rpartition("/")[2]
+        if interface and interface not in ("*", "0.0.0.0", "::"):
+            return interface
+        return str(info.get("location") or "") or None
     return None
+
+
+def _resolve(name: str) -> str | None:
+    """The IPv4 address ``name`` resolves to here, or None."""
+    import socket
+
+    try:
+        return socket.gethostbyname(name)
+    except OSError:
+        return None
 
 
 def _safe_info() -> dict[str, Any] | None:

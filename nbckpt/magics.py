@@ -385,7 +385,8 @@ def _start_cluster(args: a.ClusterArgs) -> JaxCluster:
             controller_ip=args.controller_ip,
             ssh_config=args.ssh_config,
             python=args.python,
-        ).start(report=print)
+            profile=args.profile,
+        ).start(timeout_s=args.timeout_s, report=print)
     if args.cluster_id is None:  # never picked by default: it may be someone else's
         raise UsageError(which_cluster(args.profile))
     return JaxCluster.attach(
@@ -393,6 +394,7 @@ def _start_cluster(args: a.ClusterArgs) -> JaxCluster:
         cluster_id=args.cluster_id,
         devices_per_process=args.devices_per_process,
         coordinator_host=args.coordinator_host,
+        timeout_s=args.timeout_s,
     )
 
 

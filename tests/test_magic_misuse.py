@@ -531,6 +531,10 @@ def test_cluster_counts_are_checked(line):
         ("start --engines mpi --python /x", "is for --engines ssh"),
         ("start --engines ssh --hosts h0 --controller-ip ' '", "--controller-ip needs"),
         ("start --engines pbs", "invalid choice"),
+        ("attach --cluster-id x --hosts h0", "--hosts only go with start, not attach"),
+        ("attach --cluster-id x -n 2 --engines ssh", "-n, --engines only go with start"),
+        ("restart --python /x", "--python only go with start"),
+        ("start --timeout 0", "above 0"),
     ],
 )
 def test_launcher_misuse_gives_usage_errors(line, message):
@@ -544,6 +548,9 @@ def test_launcher_lines_parse_to_what_was_meant():
     assert ssh.coordinator_host is None and ssh.controller_ip is None
     assert a.parse_cluster_args("start --engines slurm -n 8").n == 8
     assert a.parse_cluster_args("start").n == 4
+    assert a.parse_cluster_args("start").timeout_s == 120
+    assert a.parse_cluster_args("attach --cluster-id '' --timeout 30").cluster_id == ""
+    assert a.parse_cluster_args("start --profile p").profile == "p"
 
 
 def test_attach_without_a_cluster_id_lists_the_ids_instead_of_picking_one(ip):

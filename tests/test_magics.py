@@ -167,8 +167,20 @@ def test_attach_finds_only_the_cluster_it_is_told(ip, cluster):
     try:
         assert other.engine_ids == mine.engine_ids and other.n == 2
         assert other.coordinator is None  # the engines were joined already: not again
+        # nbckpt did not start these engines, so it refuses to restart them, and
+        # stops nothing on the way.
+        with pytest.raises(ClusterError, match="attached, so nbckpt cannot start"):
+            other.restart()
+        assert other.dead_processes() == [] and mine.dead_processes() == []
     finally:
         other.client.close()
+
+
+def test_ssh_hosts_with_users_and_ports_are_dialled_as_ssh_takes_them():
+    ssh = JaxCluster(engines="ssh", hosts=["h0"], ssh_config="/cfg")._ssh_command
+    assert ssh("me@h1:2222")[-3:] == ["-p", "2222", "me@h1"]
+    assert ssh("h2")[:3] == ["ssh", "-F", "/cfg"] and ssh("h2")[-1] == "h2"
+    assert "BatchMode=yes" in ssh("h2")  # a password prompt would hang the kernel
 
 
 def test_engine_errors_name_the_processes(ip, cluster):
