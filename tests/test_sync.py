@@ -9,7 +9,7 @@ import time
 import pytest
 
 from nbckpt.engine.sync import InProcessClient, Synchronizer
-from nbckpt.errors import BarrierTimeoutError, PeerFailedError
+from nbckpt.errors import BarrierTimeoutError, PeerDeadError, PeerFailedError
 
 
 def _syncs(n, poll_s=0.05):
@@ -88,6 +88,32 @@ def test_peer_failure_aborts_waiters_before_the_deadline():
         process, waited = res[i]
         assert process == 1
         assert waited < 2
+
+
+def test_a_peer_taken_for_gone_cannot_pass_once_it_comes_back():
+    # Processes 0 and 1 give up on process 2 (its heartbeats stopped: cut off, say);
+    # when it comes back and arrives, it must not pass the barrier they abandoned.
+    def fn(i, s):
+        if i == 2:
+            time.sleep(0.5)
+            s.barrier("op", "b", timeout_s=5)
+            return "passed"
+
+        def gone(phase):
+            raise PeerDeadError([2], phase, 3.0, unreachable={2: "unreachable"})
+
+        s.health = gone
+        try:
+            s.barrier("op", "b", timeout_s=5)
+        except PeerDeadError as e:
+            return str(e)
+        return "passed"
+
+    res = _run(3, fn)
+    for i in (0, 1):
+        assert res[i].startswith("process 2 became unreachable: no heartbeat for 3.0 s"), res[i]
+        assert "check the network between the hosts" in res[i]
+    assert isinstance(res[2], BarrierTimeoutError), res[2]
 
 
 def test_subset_barrier_and_gather_and_broadcast():

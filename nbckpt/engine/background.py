@@ -122,18 +122,22 @@ class SaveJob:
     metrics: dict[str, float] = field(default_factory=dict)
     #: How the arrays are stored (``format=``): nbckpt's own layout, or Orbax's.
     arrays: ArrayFormat = field(default_factory=Zarr2Arrays)
+    #: The phase it is in; with ``written_everywhere``, what a waiter that stops
+    #: waiting for it (this process lost the job, see ``health``) can say.
+    phase: str = field(default=Phase.PREPARE, init=False)
+    #: Whether every process had written its shards (the primary may then commit).
+    written_everywhere: bool = field(default=False, init=False)
+    #: Set once its failure was reported without it: its own error is then not raised.
+    abandoned: bool = field(default=False, init=False)
 
     def run(self) -> CheckpointError | None:
         """Write, meet the others, commit; return the error to raise later, if any."""
         me = self.sync.process_index
         is_primary = me == self.primary
         work = self.strategy.work_dir(self.root, self.step)
-        phase: str = Phase.PREPARE
-        written_everywhere = False
 
         def enter(name: str) -> None:
-            nonlocal phase
-            phase = name
+            self.phase = name
             hooks.fire(name)
 
         try:
@@ -149,7 +153,7 @@ class SaveJob:
             self._write(work)
             enter(barrier_phase(Barrier.WRITE_COMPLETE))
             self._barrier(Barrier.WRITE_COMPLETE)
-            written_everywhere = True
+            self.written_everywhere = True
             if is_primary:
                 enter(Phase.FINALIZE)
                 self.journal.emit(Event.FINALIZE_STARTED)
@@ -162,12 +166,12 @@ class SaveJob:
             self._barrier(Barrier.COMMIT_COMPLETE)
             self.journal.emit(Event.COMMITTED)
             if is_primary and self.retention.limits:
-                phase = Phase.RETENTION
+                self.phase = Phase.RETENTION
                 apply_retention(self.root, self.retention)
         except BaseException as e:
             if is_primary:
                 self._decide(Event.FAILED)
-            elif written_everywhere:
+            elif self.written_everywhere:
                 # The primary may still finalize (every shard is durable): say what it
                 # decided, not what the disk held a moment before.
                 self._await_decision()
@@ -182,18 +186,18 @@ class SaveJob:
                 # The store stopped answering. The primary commits only once every
                 # process has written: before that, nothing can have been committed.
                 committed = kept = False
-                unknown = written_everywhere
+                unknown = self.written_everywhere
             text = fail(
                 self.sync,
                 self.journal,
                 self.root,
                 e,
-                phase,
+                self.phase,
                 committed=committed,
                 previous_kept=kept,
             )
             return CheckpointError(
-                self.op, self.step, me, phase, text, committed, kept, unknown=unknown
+                self.op, self.step, me, self.phase, text, committed, kept, unknown=unknown
             )
         finally:
             self.journal.close()

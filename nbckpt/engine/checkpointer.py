@@ -21,7 +21,7 @@ from nbckpt.engine.preflight import Preflight
 from nbckpt.engine.snapshot import take_snapshot
 from nbckpt.engine.sync import SignalingClient, Synchronizer, default_client
 from nbckpt.engine.tree import flatten
-from nbckpt.errors import CheckpointError, NbckptError
+from nbckpt.errors import CheckpointError, NbckptError, PeerDeadError
 from nbckpt.journal import JournalWriter
 from nbckpt.layout import all_steps, is_complete, step_dir
 from nbckpt.protocol import (
@@ -152,6 +152,7 @@ class AsyncCheckpointer:
         if not 0 <= primary < n:
             raise ValueError(f"primary must be a process index in 0..{n - 1}, got {primary}")
         self._thread: threading.Thread | None = None
+        self._job: SaveJob | None = None
         self._error: BaseException | None = None
         self._lock = threading.Lock()
         self._closed = False
@@ -240,6 +241,9 @@ class AsyncCheckpointer:
             reserved by the step directory; nothing was written.
         PeerFailedError
             Another process could not start this save (its error is the reason).
+        PeerDeadError
+            A process died or became unreachable before the save started, or this
+            process lost the coordination service earlier (it cannot rejoin the job).
         CheckpointError
             The previous save failed in the background (raised once).
         """
@@ -274,6 +278,8 @@ class AsyncCheckpointer:
         t_requested = time.time()
         self._check_open()
         self.wait_until_finished()
+        # A process that lost the job says so at once, rather than wait for the others.
+        self._health.check_service("the start of a save")
         step = _check_step(step)
         metrics = check_metrics(metrics)
         strategy = strategy_for(storage.commit_mode(self.root, mode or self.options.mode))
@@ -331,6 +337,7 @@ class AsyncCheckpointer:
             metrics=metrics,
             arrays=arrays,
         )
+        self._job = job
         self._thread = threading.Thread(
             target=self._run, args=(job,), name=f"nbckpt-save-{step}", daemon=True
         )
@@ -339,7 +346,8 @@ class AsyncCheckpointer:
     def _run(self, job: SaveJob) -> None:
         error = job.run()
         with self._lock:
-            self._error = error
+            if not job.abandoned:
+                self._error = error
 
     def wait_until_finished(self) -> None:
         """Block until the save in flight, if any, is committed or failed.
@@ -347,13 +355,41 @@ class AsyncCheckpointer:
         Raises
         ------
         CheckpointError
-            If that save failed (the error is then cleared).
+            If that save failed (the error is then cleared), or if this process lost
+            the coordination service while it waited: the save then cannot finish, and
+            this process cannot rejoin the job.
         """
-        thread = self._thread
+        thread, job = self._thread, self._job
         if thread is not None:
-            thread.join()
+            while thread.is_alive():
+                thread.join(self._sync.poll_s)
+                if thread.is_alive() and job is not None:
+                    self._give_up_if_cut_off(job)
             self._thread = None
         self.check_for_errors()
+
+    def _give_up_if_cut_off(self, job: SaveJob) -> None:
+        """Raise the save's error if this process lost the coordination service.
+
+        Every call to the service then hangs, the save's own thread's too; waiting for
+        it would hang as long.
+        """
+        try:
+            self._health.check_service(job.phase.replace(":", " "))
+        except PeerDeadError as e:
+            # Its thread may finish once the network is back; its error is this one.
+            with self._lock:
+                job.abandoned = True
+                self._error = None
+            # Only once every process has written can the primary commit.
+            raise CheckpointError(
+                job.op,
+                job.step,
+                self.process_index,
+                job.phase,
+                _reason(e, self.root),
+                unknown=job.written_everywhere,
+            ) from e
 
     def check_for_errors(self) -> None:
         """Raise the error of a failed background save, once; return otherwise."""
@@ -452,6 +488,7 @@ class AsyncCheckpointer:
         """
         self._check_open()
         self.wait_until_finished()
+        self._health.check_service("the start of a restore")
         if step is not None:
             step = _check_step(step)
         timeout = check_timeout(timeout_s or self.options.timeout_s, "timeout_s")

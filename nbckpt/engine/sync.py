@@ -13,12 +13,12 @@ waiting out the deadline. A waiter that is still waiting after one slice records
 arrival (``.../arrived/<process>``); when the deadline passes, the processes without
 an arrival record are the ones named as missing.
 
-A waiter whose deadline passes adds a large number to the count before it gives up.
-The count can then never equal the number of participants, so a straggler that
-arrives later fails too instead of passing a barrier the others abandoned; and if the
-count shows that everyone had in fact arrived, the waiter passes. Either way every
-participant decides the same way, and "the count reached N" keeps meaning "every
-participant arrived".
+A waiter whose deadline passes, or that gives up early (a peer failed, died or became
+unreachable), adds a large number to the count before it gives up. The count can then
+never equal the number of participants, so a straggler that arrives later fails too
+instead of passing a barrier the others abandoned; and if the count shows that
+everyone had in fact arrived, the waiter passes. Either way every participant decides
+the same way, and "the count reached N" keeps meaning "every participant arrived".
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from nbckpt.errors import BarrierTimeoutError, PeerFailedError
+from nbckpt.errors import BarrierTimeoutError, NbckptError, PeerDeadError, PeerFailedError
 from nbckpt.protocol import FAILED_KEY, KEY_PREFIX, barrier_key
 
 __all__ = [
@@ -343,8 +343,11 @@ class Synchronizer:
             self.client.key_value_set(f"{key}/release", "1")
             return
         if count > _POISON:
-            # Others gave up on this barrier already: this process came too late.
+            # Others gave up on this barrier already: this process came too late. Why
+            # may be known here (it was cut off from the job): say that first.
             self.check_failures(op)
+            if self.health is not None:
+                self.health(f"barrier {name}")
             raise BarrierTimeoutError(key, [me], timeout_s)
         announced = False
         while True:
@@ -359,9 +362,19 @@ class Synchronizer:
             if not announced:
                 self.client.key_value_set(f"{key}/arrived/{me}", str(time.time()))
                 announced = True
-            self.check_failures(op)
-            if self.health is not None:
-                self.health(f"barrier {name}")
+            try:
+                self.check_failures(op)
+                if self.health is not None:
+                    self.health(f"barrier {name}")
+            except NbckptError as e:
+                if isinstance(e, PeerDeadError) and e.service:
+                    raise  # the service is lost: the count cannot be reached
+                # Giving up early poisons the count as the deadline does, so that a
+                # peer taken for gone cannot pass (and commit) once it comes back.
+                poisoned = self.client.key_value_increment(f"{key}/count", _POISON)
+                if poisoned % _POISON >= len(expected):
+                    return  # everyone had arrived after all
+                raise
         # Give late arrivals one slice to record themselves, so that only processes
         # that never came are named.
         if self.client.blocking_key_value_get(f"{key}/release", self.poll_s) is not None:
