@@ -41,10 +41,6 @@ __all__ = [
 ]
 
 
-#: The journal reader, run where the storage is seen (:mod:`nbckpt.reads`).
-READ_OPERATION = "nbckpt.journal:read_operation"
-
-
 def _call_key() -> str:
     """A fresh id for one collective call, sent to every engine.
 
@@ -108,7 +104,7 @@ class SaveHandle:
         a second after ``save`` returned (its journal is put whole, once per flush).
         """
         try:
-            record: OperationRecord = reads.run(READ_OPERATION, self.root, self.op)
+            record: OperationRecord = reads.run(reads.READ_OPERATION, self.root, self.op)
         except FileNotFoundError:
             return merge_events(self.op, {})
         return record
@@ -207,9 +203,9 @@ def _outcome(rec: OperationRecord, root: str, failed: list[dict[str, Any]]) -> s
     if rec.step is None:
         return "nothing was committed"
     path = step_dir(root, rec.step)
-    complete = reads.run("nbckpt.layout:is_complete", path)
+    complete = reads.run(reads.IS_COMPLETE, path)
     if complete:
-        meta = reads.run("nbckpt.layout:read_metadata", path) or {}
+        meta = reads.run(reads.READ_METADATA, path) or {}
         finalized = any(
             e.get("event") == Event.FINALIZED for r in rec.processes.values() for e in r.events
         )
@@ -589,7 +585,7 @@ def resolve_operation(
         root = client.directory
     else:
         raise ValueError("which checkpoint directory? pass --dir D (or start the cluster)")
-    known: list[str] = reads.run("nbckpt.journal:list_operations", root)
+    known: list[str] = reads.run(reads.LIST_OPERATIONS, root)
     if op is None:
         if not known:
             raise ValueError(f"no journaled operations in {root}")

@@ -44,7 +44,7 @@ __all__ = [
 #: The engine-side modules the notebook calls into, by name only.
 AGENT = "nbckpt.engine.agent"
 PROCESS = "nbckpt.engine.process"
-NETADDR = "nbckpt.netaddr"
+HOST_INFO = "nbckpt.netaddr:host_info"
 RELAY = "nbckpt.engine.relay"
 
 #: How engines can be started: ipyparallel's engine launchers, by the names it uses.
@@ -348,9 +348,10 @@ class JaxCluster:
 
     def _ssh_hostname(self, host: str) -> str:
         """The address ssh dials for ``host``, as its config resolves it (``ssh -G``)."""
+        *options, target = self._ssh_command(host)
         with contextlib.suppress(OSError, subprocess.SubprocessError):
             out = subprocess.run(
-                [*self._ssh_command(host)[:-1], "-G", self._ssh_command(host)[-1]],
+                [*options, "-G", target],
                 capture_output=True,
                 text=True,
                 timeout=10,
@@ -452,15 +453,8 @@ class JaxCluster:
 
     def _registered_hosts(self) -> list[str]:
         """Host names of the engines that registered (asked of them, 5 s at most)."""
-        pending = [
-            self.client[eid].apply_async(remote(f"{NETADDR}:host_info"), "127.0.0.1")
-            for eid in self.client.ids
-        ]
-        hosts = []
-        for ar in pending:
-            with contextlib.suppress(Exception):
-                hosts.append(str(ar.get(timeout=5)["host"]))
-        return hosts
+        answers = self._ask(list(self.client.ids), HOST_INFO, "127.0.0.1", timeout_s=5)
+        return [str(info["host"]) for ok, info in answers if ok]
 
     def _awaited(self, heard: list[str]) -> list[str]:
         """The ssh hosts no engine has registered from yet (all of them for others)."""
@@ -515,30 +509,17 @@ class JaxCluster:
     def _place_engines(self, timeout_s: float) -> None:
         """Put the engines in process order: with ssh, the order of ``hosts``."""
         ids = sorted(self.client.ids)[: self.n]
-        toward = self.controller_ip or "127.0.0.1"
-        pending = [
-            self.client[eid].apply_async(remote(f"{NETADDR}:host_info"), toward) for eid in ids
-        ]
+        answers = self._ask(ids, HOST_INFO, self.controller_ip or "127.0.0.1", timeout_s=timeout_s)
         infos = {}
-        for eid, ar in zip(ids, pending, strict=True):
-            try:
-                infos[eid] = ar.get(timeout=timeout_s)
-            except Exception as e:  # an engine that does not answer now will not join
-                raise ClusterError(f"engine {eid} did not answer: {_short(str(e))}") from None
+        for eid, (ok, info) in zip(ids, answers, strict=True):
+            if not ok:  # an engine that does not answer now will not join
+                raise ClusterError(f"engine {eid} did not answer: {info}")
+            infos[eid] = info
         if self.hosts:
             free = list(ids)
             order = []
             for host in self.hosts:
-                # By the name the host gives itself, else by the address ssh dialled.
-                dialled = _resolve(self._ssh_hostname(host))
-                eid = next(
-                    (
-                        e
-                        for e in free
-                        if _same_host(infos[e]["host"], host) or infos[e]["address"] == dialled
-                    ),
-                    free[0],
-                )
+                eid = self._engine_on(host, free, infos)
                 free.remove(eid)
                 order.append(eid)
             ids = order
@@ -548,6 +529,17 @@ class JaxCluster:
             first = infos[ids[0]].get("address")
             local = self.engines == "local" or first is None
             self.coordinator_host = "127.0.0.1" if local else str(first)
+
+    def _engine_on(self, host: str, free: list[int], infos: dict[int, Any]) -> int:
+        """The engine of ``free`` on ``host``: by its own name, else the address ssh dials.
+
+        The first free engine if none matches (a name or address seen differently).
+        """
+        named = next((e for e in free if _same_host(infos[e]["host"], host)), None)
+        if named is not None:
+            return named
+        dialled = _resolve(self._ssh_hostname(host))
+        return next((e for e in free if infos[e]["address"] == dialled), free[0])
 
     @classmethod
     def attach(
@@ -646,12 +638,23 @@ class JaxCluster:
         a caller can keep what the other engines returned (a save goes on when one
         engine died).
         """
+        self.check_alive()
+        return self._ask(self.engine_ids, fn, *args, timeout_s=timeout_s, **kwargs)
+
+    def _ask(
+        self,
+        ids: list[int],
+        fn: str | Callable[..., Any],
+        *args: Any,
+        timeout_s: float | None,
+        **kwargs: Any,
+    ) -> list[tuple[bool, Any]]:
+        """Run ``fn`` on the engines ``ids`` at once; per engine, as :meth:`apply_each`."""
         import ipyparallel as ipp
 
         if isinstance(fn, str):
             fn = remote(fn)
-        self.check_alive()
-        pending = [self.client[eid].apply_async(fn, *args, **kwargs) for eid in self.engine_ids]
+        pending = [self.client[eid].apply_async(fn, *args, **kwargs) for eid in ids]
         out: list[tuple[bool, Any]] = []
         for ar in pending:
             try:

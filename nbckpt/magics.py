@@ -256,7 +256,7 @@ class NbckptMagics(Magics):
         """
         root = self._root(a.parse_ls_args(line).directory, "ckpt_ls")
         try:
-            rows = reads.run("nbckpt.inventory:list_steps", root)
+            rows = reads.run(reads.LIST_STEPS, root)
         except (FileNotFoundError, StorageError) as e:  # one line, no traceback
             raise UsageError(str(e)) from None
         if not rows:
@@ -317,7 +317,7 @@ class NbckptMagics(Magics):
         args = a.parse_fsck_args(line)
         root = self._root(args.directory, "ckpt_fsck")
         try:
-            report = reads.run("nbckpt.fsck:fsck", root, clean=args.clean, verify=args.verify)
+            report = reads.run(reads.FSCK, root, clean=args.clean, verify=args.verify)
         except (FileNotFoundError, StorageError) as e:  # one line, no traceback
             raise UsageError(str(e)) from None
         print(report.table())

@@ -283,7 +283,7 @@ class JournalTailer:
         return grew
 
     def _poll_remote(self) -> bool:
-        record = reads.run("nbckpt.journal:read_matching", self.root, self.op)
+        record = reads.run(reads.READ_MATCHING, self.root, self.op)
         if record is None:
             grew = False
             record = merge_events(self.op, {})

@@ -23,7 +23,35 @@ from typing import Any
 
 from nbckpt.errors import ClusterError
 
-__all__ = ["Relay", "release", "remote", "run", "use"]
+__all__ = [
+    "IS_COMPLETE",
+    "LIST_OPERATIONS",
+    "LIST_STEPS",
+    "READS",
+    "READ_MATCHING",
+    "READ_METADATA",
+    "READ_OPERATION",
+    "FSCK",
+    "Relay",
+    "release",
+    "remote",
+    "run",
+    "use",
+]
+
+# The read functions the notebook runs where the storage is seen, by name; the engines'
+# read service runs these and nothing else.
+READ_OPERATION = "nbckpt.journal:read_operation"
+READ_MATCHING = "nbckpt.journal:read_matching"
+LIST_OPERATIONS = "nbckpt.journal:list_operations"
+IS_COMPLETE = "nbckpt.layout:is_complete"
+READ_METADATA = "nbckpt.layout:read_metadata"
+LIST_STEPS = "nbckpt.inventory:list_steps"
+#: fsck reads, and removes only with the ``clean=True`` the user asked for.
+FSCK = "nbckpt.fsck:fsck"
+READS = frozenset(
+    {READ_OPERATION, READ_MATCHING, LIST_OPERATIONS, IS_COMPLETE, READ_METADATA, LIST_STEPS, FSCK}
+)
 
 
 class Relay:

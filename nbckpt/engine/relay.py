@@ -20,21 +20,12 @@ from multiprocessing.connection import Connection, Listener
 from typing import Any
 
 from nbckpt.netaddr import route_address
+from nbckpt.reads import READS
 
 __all__ = ["ALLOWED", "serve", "stop"]
 
 #: What the notebook may ask: reads of records, and fsck (whose ``clean`` it asks for).
-ALLOWED = frozenset(
-    {
-        "nbckpt.journal:read_operation",
-        "nbckpt.journal:read_matching",
-        "nbckpt.journal:list_operations",
-        "nbckpt.layout:is_complete",
-        "nbckpt.layout:read_metadata",
-        "nbckpt.inventory:list_steps",
-        "nbckpt.fsck:fsck",
-    }
-)
+ALLOWED = READS
 
 _listener: Listener | None = None
 _address: str | None = None

@@ -13,8 +13,6 @@ from nbckpt import reads
 from nbckpt.monitor import JournalTailer, OperationView, ProcessView
 from nbckpt.protocol import Kind, Status
 
-LIST_OPERATIONS = "nbckpt.journal:list_operations"
-
 __all__ = ["FollowNew", "TextProgress", "follow_text", "human_bytes", "render_text"]
 
 
@@ -166,7 +164,7 @@ class FollowNew:
     ) -> None:
         self.root, self.kind, self.file, self.interval_s = root, kind, file, interval_s
         self.followed: list[str] = []
-        self._seen = set(reads.run(LIST_OPERATIONS, root))
+        self._seen = set(reads.run(reads.LIST_OPERATIONS, root))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="nbckpt-follow", daemon=True)
 
@@ -179,7 +177,7 @@ class FollowNew:
         self._thread.join(30)
 
     def _next(self) -> JournalTailer | None:
-        for op in reads.run(LIST_OPERATIONS, self.root):
+        for op in reads.run(reads.LIST_OPERATIONS, self.root):
             if op not in self._seen:
                 self._seen.add(op)
                 tailer = JournalTailer(self.root, op)

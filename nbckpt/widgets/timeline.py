@@ -43,7 +43,7 @@ def _load(source: OperationRecord | str | os.PathLike[str], op: str | None) -> O
         return source
     if op is None:
         raise ValueError("plot_timeline(root, op): name the operation when passing a root")
-    record: OperationRecord = reads.run("nbckpt.journal:read_operation", source, op)
+    record: OperationRecord = reads.run(reads.READ_OPERATION, source, op)
     return record
 
 
