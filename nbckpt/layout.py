@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -60,7 +61,6 @@ __all__ = [
     "all_steps",
     "entry_state",
     "fsync_dir",
-    "fsync_tree_dirs",
     "is_complete",
     "latest_step",
     "metadata_path",
@@ -69,6 +69,7 @@ __all__ = [
     "read_metadata",
     "read_owner",
     "remove_aside",
+    "seal_tree",
     "step_dir",
     "step_format",
     "tmp_dir",
@@ -172,8 +173,7 @@ def write_owner(path: Where, op: str, mode: Mode, step: int) -> None:
     """Record, durably, that operation ``op`` created directory ``path``."""
     text = json.dumps({"format": FORMAT, "op": op, "mode": mode, "step": step})
     p = storage.location(path)
-    write_durable(p / OWNER_FILE, text)
-    fsync_dir(p)
+    storage.write_all_durable({p / OWNER_FILE: text}, [p])  # both fsyncs at once
 
 
 def read_owner(path: Where) -> dict[str, Any] | None:
@@ -330,15 +330,21 @@ def remove_aside(path: Where) -> None:
     storage.remove_tree(doomed)
 
 
-def fsync_tree_dirs(path: Where) -> None:
-    """Fsync every directory under ``path``, deepest first, then ``path`` itself.
+def seal_tree(path: Where, files: dict[str, str], written: Sequence[Location] = ()) -> None:
+    """Write ``files`` (name -> text) into ``path`` and make the whole tree durable.
 
-    The array files are fsync'd by their writers; this makes their directory entries
-    durable too, so a rename that publishes the tree never points at missing names.
-    Object stores have no directory entries: nothing to do there.
+    The chunk files are fsync'd by their writers; this writes the last records, makes
+    ``written`` (files already under ``path`` that are not durable yet) durable, and
+    every directory entry under ``path`` too, so a rename that publishes the tree never
+    points at missing names. All of it is one batch
+    (:func:`nbckpt.storage.write_all_durable`): the fsyncs run at once, not one after
+    the other. Object stores have no directory entries, and acknowledge every write:
+    there only the files are written.
     """
     p = storage.location(path)
-    if not isinstance(p, Path):
-        return
-    for dirpath, _dirnames, _files in os.walk(p, topdown=False):
-        fsync_dir(dirpath)
+    dirs: list[Location] = []
+    if isinstance(p, Path):
+        dirs = [Path(d) for d, _subdirs, _files in os.walk(p)]
+    storage.write_all_durable(
+        {p / name: text for name, text in files.items()}, dirs, synced_too=written
+    )

@@ -237,6 +237,25 @@ def test_local_write_durable_and_remove_tree(tmp_path: Path) -> None:
 # -- on the server -------------------------------------------------------------------------
 
 
+def test_write_all_durable_batches_local_and_object_writes(tmp_path: Path, root: S3Path) -> None:
+    """One batch writes local files and objects; a path it cannot fsync fails it."""
+    (tmp_path / "d").mkdir()
+    earlier = tmp_path / "d" / "earlier"
+    earlier.write_bytes(b"0")
+    storage.write_all_durable(
+        {tmp_path / "a": "one", tmp_path / "d" / "b": b"two", root / "c": "three"},
+        [tmp_path, tmp_path / "d"],
+        synced_too=[earlier],
+    )
+    assert (tmp_path / "a").read_text() == "one"
+    assert (tmp_path / "d" / "b").read_bytes() == b"two"
+    assert (root / "c").read_bytes() == b"three"
+    with pytest.raises(FileNotFoundError):
+        storage.write_all_durable({}, [tmp_path / "gone"])
+    with pytest.raises(FileNotFoundError):
+        storage.write_all_durable({tmp_path / "missing" / "x": "x"})
+
+
 def test_settings_come_from_the_environment(root: S3Path, server: S3Server) -> None:
     assert (root.settings["endpoint"], root.settings["region"]) == (server.endpoint, "us-east-1")
     assert root.settings["credentials"] == "environment"

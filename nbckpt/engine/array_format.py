@@ -40,7 +40,7 @@ class ArrayFormat(Protocol):
     flags: OrbaxFlags
 
     def create(self, work: Location, snap: Snapshot, process: int) -> None:
-        """Primary only, before anyone writes: create the arrays (their metadata)."""
+        """Primary only, before anyone writes: what the writers need to exist."""
         ...
 
     def write(
@@ -52,12 +52,20 @@ class ArrayFormat(Protocol):
         progress: Callable[[int], None] | None = None,
         watch: Callable[[], None] | None = None,
         checksums: dict[str, Any] | None = None,
+        issued: Callable[[], None] | None = None,
     ) -> int:
-        """Write this process's shards durably, with their checksums; return the bytes."""
+        """Write this process's shards durably, with their checksums; return the bytes.
+
+        ``issued`` is as for :func:`nbckpt.engine.writer.write_shards`.
+        """
         ...
 
-    def finish(self, work: Location, snap: Snapshot) -> None:
-        """Primary only, once every process has written: complete the arrays."""
+    def finish(self, work: Location, snap: Snapshot) -> list[Location]:
+        """Primary only, once every process has written: complete the arrays.
+
+        Returns the files it wrote without making them durable: the save makes them
+        durable together with its last records, in one batch.
+        """
         ...
 
 
@@ -69,8 +77,7 @@ class Zarr2Arrays:
     flags = OrbaxFlags(use_ocdbt=False, use_zarr3=False)
 
     def create(self, work: Location, snap: Snapshot, process: int) -> None:
-        """Create every array's directory and ``.zarray``."""
-        create_arrays(work, snap)
+        """Nothing: the writers open their arrays from the snapshot's metadata."""
 
     def write(
         self,
@@ -81,12 +88,20 @@ class Zarr2Arrays:
         progress: Callable[[int], None] | None = None,
         watch: Callable[[], None] | None = None,
         checksums: dict[str, Any] | None = None,
+        issued: Callable[[], None] | None = None,
     ) -> int:
         """Write this process's chunks, one file each."""
-        return write_shards(work, snap, progress=progress, watch=watch, checksums=checksums)
+        return write_shards(
+            work, snap, progress=progress, watch=watch, checksums=checksums, issued=issued
+        )
 
-    def finish(self, work: Location, snap: Snapshot) -> None:
-        """Nothing: every chunk is in place once written."""
+    def finish(self, work: Location, snap: Snapshot) -> list[Location]:
+        """Write every array's ``.zarray`` (not fsync'd: the save's last batch does it).
+
+        Written last, not first, so that no process waits for them before it writes:
+        the step is unreadable until then anyway, and only published after.
+        """
+        return create_arrays(work, snap, sync=False)
 
 
 def format_for(name: str | None) -> ArrayFormat:

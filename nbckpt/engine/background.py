@@ -11,6 +11,7 @@ import contextlib
 import json
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,9 +35,9 @@ from nbckpt.layout import (
     CHECKSUMS_DIR,
     FORMAT,
     METADATA_FILE,
-    fsync_tree_dirs,
     is_complete,
     read_metadata,
+    seal_tree,
     step_dir,
     write_durable,
     write_owner,
@@ -157,8 +158,8 @@ class SaveJob:
             if is_primary:
                 enter(Phase.FINALIZE)
                 self.journal.emit(Event.FINALIZE_STARTED)
-                self.arrays.finish(work, self.snap)
-                self._write_metadata(work)
+                unsynced = self.arrays.finish(work, self.snap)
+                self._write_metadata(work, unsynced)
                 self.strategy.finalize(self.root, self.step, self.op)
                 self._decide(Event.COMMITTED)
                 self.journal.emit(Event.FINALIZED)
@@ -218,17 +219,30 @@ class SaveJob:
             self.sync.check_failures(self.op)
 
         checksums: dict[str, Any] = {}
-        written = self.arrays.write(
-            work,
-            self.snap,
-            self.sync.process_index,
-            progress=lambda b: self.journal.emit(Event.WRITE_PROGRESS, bytes=b),
-            watch=watch,
-            checksums=checksums,
-        )
         sums = work / CHECKSUMS_DIR
-        sums.mkdir(exist_ok=True)
-        write_durable(sums / f"process_{self.sync.process_index}.json", json.dumps(checksums))
+        name = f"process_{self.sync.process_index}.json"
+
+        def write_sums() -> None:
+            sums.mkdir(exist_ok=True)
+            write_durable(sums / name, json.dumps(checksums))
+
+        # The checksums are known once every chunk write is issued: their file is
+        # written and fsync'd while the chunks still are, not after them.
+        with ThreadPoolExecutor(1, thread_name_prefix="nbckpt-checksums") as pool:
+            sums_written: list[Future[None]] = []
+            written = self.arrays.write(
+                work,
+                self.snap,
+                self.sync.process_index,
+                progress=lambda b: self.journal.emit(Event.WRITE_PROGRESS, bytes=b),
+                watch=watch,
+                checksums=checksums,
+                issued=lambda: sums_written.append(pool.submit(write_sums)),
+            )
+            if sums_written:
+                sums_written[0].result()
+            else:
+                write_sums()
         self.journal.emit(Event.WRITE_DONE, bytes=written)
 
     def _decide(self, outcome: str) -> None:
@@ -248,8 +262,11 @@ class SaveJob:
             except Exception:
                 return  # the primary or the service is gone: the disk says the rest
 
-    def _write_metadata(self, work: Location) -> None:
-        """Primary only: write nbckpt's and Orbax's metadata, then make the tree durable."""
+    def _write_metadata(self, work: Location, unsynced: list[Location]) -> None:
+        """Primary only: write nbckpt's and Orbax's metadata, then make the tree durable.
+
+        ``unsynced``: files the array format wrote without making them durable.
+        """
         meta = {
             "format": FORMAT,
             "step": self.step,
@@ -268,7 +285,7 @@ class SaveJob:
         if self.arrays.arrays is not None:
             meta["arrays"] = self.arrays.arrays  # how restore opens them
         # Orbax's records (_METADATA, _sharding), so that Orbax restores the step too.
-        for name, text in orbax_records(self.snap.leaves, self.arrays.flags).items():
-            write_durable(work / name, text)
-        write_durable(work / METADATA_FILE, json.dumps(meta, indent=1))
-        fsync_tree_dirs(work)
+        records = orbax_records(self.snap.leaves, self.arrays.flags)
+        # Nothing reads the working directory before it is published, so the records
+        # and every directory entry are made durable in one batch, not one by one.
+        seal_tree(work, {**records, METADATA_FILE: json.dumps(meta, indent=1)}, unsynced)

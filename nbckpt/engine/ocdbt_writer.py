@@ -185,22 +185,27 @@ class OcdbtZarr3Arrays:
         progress: Callable[[int], None] | None = None,
         watch: Callable[[], None] | None = None,
         checksums: dict[str, Any] | None = None,
+        issued: Callable[[], None] | None = None,
     ) -> int:
         """Write this process's chunks into its own database; return the bytes."""
         db = process_db(work, process)
         specs = {leaf["name"]: array_spec(db, leaf) for leaf in array_leaves(snap)}
 
-        def open_store(name: str) -> ts.TensorStore:
+        def open_store(name: str) -> ts.Future[ts.TensorStore]:
             # The zarr.json is the primary's: the others write chunks only.
-            future = ts.open(specs[name], open=True, assume_metadata=True, context=self._context)
-            store: ts.TensorStore = future.result()
-            return store
+            return ts.open(specs[name], open=True, assume_metadata=True, context=self._context)
 
         return write_shards(
-            work, snap, progress=progress, watch=watch, checksums=checksums, open_store=open_store
+            work,
+            snap,
+            progress=progress,
+            watch=watch,
+            checksums=checksums,
+            open_store=open_store,
+            issued=issued,
         )
 
-    def finish(self, work: Location, snap: Snapshot) -> None:
+    def finish(self, work: Location, snap: Snapshot) -> list[Location]:
         """Primary only: merge every process's database into the step's, then check it.
 
         As Orbax's ``merge_ocdbt_per_process_files``: one atomic transaction copies each
@@ -221,6 +226,7 @@ class OcdbtZarr3Arrays:
             c.result()
         txn.commit_async().result()
         self._check_merged(parent, snap)
+        return []  # the merge's commit is durable already
 
     def _check_merged(self, parent: ts.KvStore, snap: Snapshot) -> None:
         keys = [k.decode("utf-8", "replace") for k in parent.list().result()]

@@ -20,6 +20,7 @@ from nbckpt.storage.s3 import RETRIES
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
+    "ZARRAY",
     "chunk_shape",
     "context",
     "create_array",
@@ -27,12 +28,16 @@ __all__ = [
     "dtype_supported",
     "open_array",
     "open_array_async",
+    "open_for_write_async",
 ]
 
 #: Upper bound on one chunk: a shard larger than this is split into several chunks,
 #: so that progress is reported per chunk and a restore that needs part of a shard
 #: reads less than the whole shard.
 DEFAULT_CHUNK_BYTES = 64 * 1024 * 1024
+
+#: The name of a zarr v2 array's metadata file.
+ZARRAY = ".zarray"
 
 _context: ts.Context | None = None
 
@@ -82,16 +87,10 @@ def _spec(path: Location) -> dict[str, Any]:
     return {"driver": "zarr", "kvstore": storage.kvstore_spec(path)}
 
 
-def create_array_async(
+def _array_spec(
     path: Location, shape: Sequence[int], dtype: np.dtype[Any], chunks: Sequence[int]
-) -> ts.Future[ts.TensorStore]:
-    """Start creating an empty zarr array (metadata only) at ``path``.
-
-    No compression: the write then runs at the disk's speed, and a reader can fetch a
-    region straight from the chunk files. Chunks equal to the fill value are stored
-    anyway, so every chunk of a complete checkpoint exists on disk. The ``.zarray``
-    file is fsync'd before the future completes.
-    """
+) -> dict[str, Any]:
+    """The spec of nbckpt's zarr array at ``path``, with its metadata in full."""
     spec = _spec(path)
     spec["metadata"] = {
         "shape": [int(s) for s in shape],
@@ -99,7 +98,58 @@ def create_array_async(
         "compressor": None,
     }
     spec["store_data_equal_to_fill_value"] = True
-    return ts.open(spec, create=True, dtype=ts.dtype(np.dtype(dtype).name), context=context())
+    spec["dtype"] = np.dtype(dtype).name
+    return spec
+
+
+def create_array_async(
+    path: Location,
+    shape: Sequence[int],
+    dtype: np.dtype[Any],
+    chunks: Sequence[int],
+    *,
+    sync: bool = True,
+) -> ts.Future[ts.TensorStore]:
+    """Start creating an empty zarr array (metadata only) at ``path``.
+
+    No compression: the write then runs at the disk's speed, and a reader can fetch a
+    region straight from the chunk files. Chunks equal to the fill value are stored
+    anyway, so every chunk of a complete checkpoint exists on disk. The ``.zarray``
+    file is fsync'd before the future completes, unless ``sync`` is False: then the
+    caller makes it durable (a save does, with the rest of the step, in one batch).
+    """
+    spec = _array_spec(path, shape, dtype, chunks)
+    return ts.open(spec, create=True, context=context() if sync else _unsynced_context())
+
+
+def open_for_write_async(
+    path: Location, shape: Sequence[int], dtype: np.dtype[Any], chunks: Sequence[int]
+) -> ts.Future[ts.TensorStore]:
+    """Start opening the array at ``path`` for writing chunks, without its ``.zarray``.
+
+    The metadata is taken from the arguments (tensorstore's ``assume_metadata``): the
+    ``.zarray`` need not exist yet, so processes write their chunks while the primary
+    creates it, and no process reads one file per leaf before it writes.
+    """
+    spec = _array_spec(path, shape, dtype, chunks)
+    return ts.open(spec, open=True, assume_metadata=True, context=context())
+
+
+_unsynced: ts.Context | None = None
+
+
+def _unsynced_context() -> ts.Context:
+    """A context like :func:`context` whose file writes are not fsync'd."""
+    global _unsynced
+    if _unsynced is None:
+        _unsynced = ts.Context(
+            {
+                "file_io_sync": False,
+                "cache_pool": {"total_bytes_limit": 0},
+                "s3_request_retries": RETRIES,
+            }
+        )
+    return _unsynced
 
 
 def create_array(

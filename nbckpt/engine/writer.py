@@ -9,30 +9,43 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
+import tensorstore as ts
 
 from nbckpt import checksum as _checksum
 from nbckpt.engine import hooks
 from nbckpt.engine.snapshot import Snapshot
-from nbckpt.engine.storage import create_array_async, open_array
+from nbckpt.engine.storage import ZARRAY, create_array_async, open_for_write_async
 from nbckpt.storage import Location
 
 __all__ = ["array_leaves", "chunk_key", "chunk_regions", "create_arrays", "write_shards"]
 
 
-def create_arrays(directory: Location, snap: Snapshot) -> None:
+def create_arrays(directory: Location, snap: Snapshot, *, sync: bool = True) -> list[Location]:
     """Create the (empty) zarr array of every array leaf under ``directory``.
 
     All creations are started before any is waited for: each one makes a directory
-    and fsyncs a ``.zarray`` file, and one after the other they add up.
+    and writes a ``.zarray`` file, and one after the other they add up. With ``sync``
+    each ``.zarray`` is fsync'd; without, the caller makes the files returned durable.
+
+    Returns
+    -------
+    list
+        The ``.zarray`` file of every array created.
     """
+    leaves = array_leaves(snap)
     futures = [
         create_array_async(
-            directory / meta["name"], meta["shape"], np.dtype(meta["dtype"]), meta["chunks"]
+            directory / meta["name"],
+            meta["shape"],
+            np.dtype(meta["dtype"]),
+            meta["chunks"],
+            sync=sync,
         )
-        for meta in array_leaves(snap)
+        for meta in leaves
     ]
     for f in futures:
         f.result()
+    return [directory / meta["name"] / ZARRAY for meta in leaves]
 
 
 def array_leaves(snap: Snapshot) -> list[dict[str, Any]]:
@@ -95,7 +108,8 @@ def write_shards(
     watch: Callable[[], None] | None = None,
     watch_interval_s: float = 0.5,
     checksums: dict[str, Any] | None = None,
-    open_store: Callable[[str], Any] | None = None,
+    open_store: Callable[[str], ts.Future[ts.TensorStore]] | None = None,
+    issued: Callable[[], None] | None = None,
 ) -> int:
     """Write this process's shards into the arrays under ``directory``.
 
@@ -107,17 +121,28 @@ def write_shards(
     chunk written, by leaf and zarr chunk key (``"0.3"``), and under
     ``nbckpt.checksum.ALGORITHM_KEY`` the name of the algorithm, so that it is the
     complete content of a checksums file (see :mod:`nbckpt.checksum`); restore and
-    fsck verify against it. ``open_store``, given a leaf's name, returns the
-    tensorstore to write it into (by default its zarr array under ``directory``).
+    fsck verify against it. ``open_store``, given a leaf's name, starts opening the
+    tensorstore to write it into and returns the future (by default its zarr array
+    under ``directory``, opened from the snapshot's metadata: its ``.zarray`` need not
+    exist yet). ``issued`` runs once every write is issued and every checksum is in
+    ``checksums``, while the writes are still in flight.
 
     Returns
     -------
     int
         Bytes written.
     """
-    chunks_of = {m["name"]: m["chunks"] for m in array_leaves(snap)}
-    shapes_of = {m["name"]: m["shape"] for m in array_leaves(snap)}
-    opener = open_store or (lambda leaf: open_array(directory / leaf))
+    metas = {m["name"]: m for m in array_leaves(snap)}
+    chunks_of = {name: m["chunks"] for name, m in metas.items()}
+    shapes_of = {name: m["shape"] for name, m in metas.items()}
+
+    def open_leaf(leaf: str) -> ts.Future[ts.TensorStore]:
+        m = metas[leaf]
+        return open_for_write_async(directory / leaf, m["shape"], np.dtype(m["dtype"]), m["chunks"])
+
+    opener = open_store or open_leaf
+    # Every leaf's opening is started before any is waited for.
+    openings = {w.leaf: opener(w.leaf) for w in snap.writes}
     stores: dict[str, Any] = {}
     pending: list[tuple[Any, int]] = []
     algorithm = _checksum.default_algorithm()
@@ -126,7 +151,7 @@ def write_shards(
     for w in snap.writes:
         store = stores.get(w.leaf)
         if store is None:
-            store = stores[w.leaf] = opener(w.leaf)
+            store = stores[w.leaf] = openings[w.leaf].result()
         host = np.asarray(w.data)  # for a device array, waits for its host copy
         itemsize = host.dtype.itemsize
         for glob, local in chunk_regions(w.index, shapes_of[w.leaf], chunks_of[w.leaf]):
@@ -138,6 +163,8 @@ def write_shards(
                 # holds the GIL while it runs.
                 key = chunk_key(glob, chunks_of[w.leaf])
                 checksums.setdefault(w.leaf, {})[key] = _checksum.checksum(part, algorithm)
+    if issued is not None:
+        issued()
     written = 0
     last = time.monotonic()
     t_prev = time.monotonic()

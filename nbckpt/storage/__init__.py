@@ -6,7 +6,8 @@ for ``s3://bucket/prefix``. Both offer the same part of pathlib's interface (``/
 ``name``, ``exists``, ``iterdir``, ``read_bytes`` …), so the layout, the journal and
 every reader are written once. What differs is here, behind four functions:
 
-- :func:`write_durable`: on return the bytes survive a crash (fsync; an acknowledged PUT);
+- :func:`write_durable`: on return the bytes survive a crash (fsync; an acknowledged PUT),
+  and :func:`write_all_durable`, the same for many files and directories at once;
 - :func:`sync_dir`: make a directory's entries durable (no-op on object stores);
 - :func:`remove_tree`: delete a directory or prefix;
 - :func:`can_rename`: whether the store renames atomically (rename mode needs it);
@@ -23,6 +24,8 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeAlias
 
@@ -46,6 +49,7 @@ __all__ = [
     "read_json",
     "remove_tree",
     "sync_dir",
+    "write_all_durable",
     "write_durable",
 ]
 
@@ -164,6 +168,34 @@ def write_durable(loc: Location, data: bytes | str) -> None:
         _local.write_durable(loc, raw)
     else:
         loc.write_bytes(raw)
+
+
+def write_all_durable(
+    files: dict[Location, bytes | str],
+    dirs: Sequence[Location] = (),
+    *,
+    synced_too: Sequence[Location] = (),
+) -> None:
+    """Write every file and make it durable, with ``dirs``' entries, all at once.
+
+    One batch instead of :func:`write_durable` and :func:`sync_dir` call by call: local
+    files are written, then every fsync runs concurrently; objects are PUT concurrently.
+    ``synced_too`` are local files written earlier without an fsync: they are fsync'd
+    in the same batch (an object was durable once its PUT was acknowledged). On return
+    everything is durable; on error some of it may not be.
+    """
+    raw = {loc: d.encode("utf-8") if isinstance(d, str) else d for loc, d in files.items()}
+    local = {loc: d for loc, d in raw.items() if isinstance(loc, Path)}
+    _local.write_all_durable(
+        local,
+        [d for d in dirs if isinstance(d, Path)],
+        synced_too=[f for f in synced_too if isinstance(f, Path)],
+    )
+    objects = [(loc, d) for loc, d in raw.items() if not isinstance(loc, Path)]
+    if objects:
+        with ThreadPoolExecutor(min(16, len(objects))) as pool:
+            for done in [pool.submit(loc.write_bytes, d) for loc, d in objects]:
+                done.result()
 
 
 def sync_dir(loc: Location) -> None:
