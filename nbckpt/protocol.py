@@ -31,6 +31,7 @@ __all__ = [
     "NBCKPT_FORMAT",
     "ORBAX_FORMAT",
     "PHASES",
+    "READ_BARRIER",
     "SPANS",
     "Barrier",
     "Cause",
@@ -69,6 +70,10 @@ class Barrier(StrEnum):
     WRITE_COMPLETE = "write_complete"
     COMMIT_COMPLETE = "commit_complete"
 
+
+#: The barrier a restore meets before its processes exchange the pieces of replicated
+#: leaves (:mod:`nbckpt.engine.exchange`): past it, every process has read its own.
+READ_BARRIER: Final = "read_complete"
 
 #: The prefix of a barrier wait's phase name: ``barrier:<name>``.
 BARRIER_PREFIX: Final = "barrier:"

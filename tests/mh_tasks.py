@@ -310,3 +310,92 @@ def agent_two_saves(root: str, step: int) -> list[str | None]:
             errors.append(type(e).__name__)
     agent._checkpointer(root).wait_until_finished()
     return errors
+
+
+# -- replicated leaves, read once per job -----------------------------------------------
+
+
+def _big_state() -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Leaves large enough to be split among their replicas (1 MiB a replica at least)."""
+    mesh = _mesh()
+    rng = np.random.default_rng(7)
+    full = {
+        "rep": rng.random((2048, 1024), dtype=np.float32),  # 8 MiB, on every device
+        "half": rng.random((2048, 2048), dtype=np.float32),  # 16 MiB, replicated over data
+        "tiny": np.arange(8, dtype=np.float32),  # too small to split
+    }
+    specs = {"rep": P(), "half": P(None, "model"), "tiny": P()}
+    state = {
+        k: jax.make_array_from_callback(
+            full[k].shape, NamedSharding(mesh, specs[k]), lambda idx, k=k: full[k][idx]
+        )
+        for k in full
+    }
+    return state, full
+
+
+def _journal_bytes(root: str, op: str) -> dict[str, int]:
+    import json
+
+    found: dict[str, int] = {}
+    path = f"{root}/.nbckpt/ops/{op}/process_{jax.process_index()}.jsonl"
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            event = json.loads(line)
+            if event["event"] in ("write_done", "read_done"):
+                found[event["event"]] = int(event["bytes"])
+                if "verified" in event:
+                    found["verified"] = int(bool(event["verified"]))
+    return found
+
+
+def replicated_round_trip(root: str, plan: str) -> dict[str, Any]:
+    """Save the big state, restore it with ``plan`` ("share" or "split"); report.
+
+    ``share`` is what a local root on one host gets; ``split`` (read in pieces, then
+    gathered) is what an object store or several hosts get, forced here.
+    """
+    from pathlib import Path
+
+    from nbckpt.engine import restore as _restore
+    from nbckpt.engine.exchange import JobReads
+    from nbckpt.layout import step_dir
+
+    state, full = _big_state()
+    ckptr = checkpointer(root)
+    ckptr.save(1, state)
+    ckptr.wait_until_finished()
+    out: dict[str, Any] = {"save": _journal_bytes(root, str(ckptr.last_op))}
+    target = {
+        k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=v.sharding) for k, v in state.items()
+    }
+    if plan == "share":
+        restored = ckptr.restore(1, target=target)
+        out["restore"] = _journal_bytes(root, str(ckptr.last_op))
+    else:
+        sync = Synchronizer(default_client())
+        job = JobReads(lambda: sync.barrier("split-test", "read", timeout_s=60), local_root=False)
+        restored = _restore.restore_step(step_dir(Path(root), 1), target, None, job=job)
+    problems = []
+    for k, value in full.items():
+        got = restored[k]
+        if got.sharding != state[k].sharding:
+            problems.append(f"{k}: sharding {got.sharding} != {state[k].sharding}")
+        for shard in got.addressable_shards:
+            if not np.array_equal(np.asarray(shard.data), value[shard.index]):
+                problems.append(f"{k}: shard {shard.index} differs")
+    out["problems"] = problems
+    return out
+
+
+def restore_error(root: str, step: int) -> str:
+    """Restore the big state; return the error's class and text ("" if none)."""
+    state, _ = _big_state()
+    target = {
+        k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=v.sharding) for k, v in state.items()
+    }
+    try:
+        AsyncCheckpointer(root).restore(step, target=target)
+    except NbckptError as e:
+        return f"{type(e).__name__}: {e}"
+    return ""

@@ -151,3 +151,45 @@ def test_a_stalled_process_fails_the_save_and_is_named(group4, tmp_path):
     assert all(e is not None and "process 3" in e for e in errors), errors
     assert all_steps(root) == [1]  # nothing half-written is taken for complete
     assert group4.run(f"{T}:restore_check", root, None, 1) == [[]] * 4
+
+
+def test_replicated_leaves_are_written_and_checked_once_per_job(group4, tmp_path):
+    """Every process writes its part of a replicated leaf, reads it whole from the
+    host's page cache, and checks only its share of the chunks."""
+    out = group4.run(f"{T}:replicated_round_trip", str(tmp_path), "share")
+    assert [o["problems"] for o in out] == [[]] * 4
+    unique = (8 << 20) + (16 << 20) + 32  # rep, half, tiny: each stored once
+    written = [o["save"]["write_done"] for o in out]
+    assert sum(written) == unique
+    # rep (8 replicas) and half (4 replicas) are split among the devices holding them:
+    # no process writes more than its share plus the tiny leaf.
+    assert max(written) <= unique // 4 + 32
+    # Every process holds every byte, so it reads every byte (once, from the cache),
+    # and the job as a whole has checked each chunk.
+    # (rep whole, half's two model shards on its two devices, tiny)
+    assert {o["restore"]["read_done"] for o in out} == {(8 << 20) + (16 << 20) + 32}
+    assert {o["restore"]["verified"] for o in out} == {1}
+
+
+def test_replicated_leaves_can_be_read_in_pieces_and_gathered(group4, tmp_path):
+    """Across hosts or on an object store, each device reads a piece; XLA gathers them."""
+    out = group4.run(f"{T}:replicated_round_trip", str(tmp_path), "split")
+    assert [o["problems"] for o in out] == [[]] * 4
+
+
+def test_a_damaged_replicated_chunk_fails_the_restore_everywhere(group4, tmp_path):
+    """One process checks the damaged chunk; all four fail, none returns bad data."""
+    root = str(tmp_path)
+    out = group4.run(f"{T}:replicated_round_trip", root, "share")
+    assert [o["problems"] for o in out] == [[]] * 4
+    chunks = sorted((tmp_path / "1" / "rep").glob("[0-9]*"))
+    assert len(chunks) > 1  # split among the replicas at save time
+    damaged = chunks[-1]
+    data = bytearray(damaged.read_bytes())
+    data[100] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    errors = group4.run(f"{T}:restore_error", root, 1)
+    assert all(errors), errors
+    kinds = [e.split(":", 1)[0] for e in errors]
+    assert kinds.count("CorruptCheckpointError") >= 1, errors
+    assert set(kinds) <= {"CorruptCheckpointError", "PeerFailedError"}, errors

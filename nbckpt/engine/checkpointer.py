@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from nbckpt import storage
@@ -17,6 +18,7 @@ from nbckpt.engine.advice import reason as _reason
 from nbckpt.engine.array_format import format_for
 from nbckpt.engine.background import SaveJob, fail
 from nbckpt.engine.commit import strategy_for
+from nbckpt.engine.exchange import JobReads
 from nbckpt.engine.preflight import Preflight
 from nbckpt.engine.snapshot import take_snapshot
 from nbckpt.engine.sync import SignalingClient, Synchronizer, default_client
@@ -26,6 +28,7 @@ from nbckpt.journal import JournalWriter
 from nbckpt.layout import all_steps, is_complete, step_dir
 from nbckpt.protocol import (
     DEFAULT_SAVE_TIMEOUT_S,
+    READ_BARRIER,
     RENAME,
     Cause,
     Event,
@@ -502,18 +505,27 @@ class AsyncCheckpointer:
         assert step is not None
         journal = JournalWriter(self.root, op, self.process_index, Kind.RESTORE, step)
         journal.emit(Event.REQUESTED, process_count=self.process_count)
+
+        def agree() -> None:
+            # Every process has read and checked its part, or one says why not.
+            self._sync.barrier(op, READ_BARRIER, timeout_s=timeout)
+
+        job = JobReads(agree, self._preflight.hosts, local_root=isinstance(self.root, Path))
         try:
             result = _restore.restore_step(
-                step_dir(self.root, step), target, journal, cast=cast, item=item
+                step_dir(self.root, step), target, journal, cast=cast, item=item, job=job
             )
         except BaseException as e:
+            error = _reason(e, self.root)
             journal.emit(
                 Event.FAILED,
-                error=_reason(e, self.root),
+                error=error,
                 phase=Phase.READ,
                 cause=Cause.ERROR,
                 culprit=self.process_index,
             )
+            # A peer waiting to exchange pieces with this process gives up at once.
+            self._sync.signal_failure(op, error)
             raise
         journal.emit(Event.RESTORED)
         self.last_op = op

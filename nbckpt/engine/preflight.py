@@ -9,6 +9,7 @@ never leaves a half-started save, nor peers waiting out their deadline.
 from __future__ import annotations
 
 import json
+import socket
 import uuid
 from typing import Any
 
@@ -74,6 +75,8 @@ class Preflight:
         self.root = root
         self.primary = primary
         self._stale_keys: list[str] = []
+        #: The host name of each process, as the last agreement gathered them.
+        self.hosts: dict[int, str] = {}
 
     def _problem(
         self,
@@ -134,7 +137,9 @@ class Preflight:
         seq = f"key-{key}" if key is not None else f"seq{next_sequence()}"
         me = self.sync.process_index
         problem = self._problem(kind, step, local, strategy, force)
-        mine: dict[str, Any] = {"problem": problem}
+        # The host rides along, so that every process knows, alike, which ones share a
+        # host (a restore plans its reads of replicated leaves by it).
+        mine: dict[str, Any] = {"problem": problem, "host": socket.gethostname()}
         if me == self.primary:
             step = problem.pop("step", step)
             mine["op"] = new_op_id(kind, step if step is not None else 0)
@@ -147,6 +152,7 @@ class Preflight:
             self._stale_keys.clear()
         self._stale_keys.append(seq)
         parsed = {p: json.loads(v) for p, v in sorted(answers.items())}
+        self.hosts = {p: str(a["host"]) for p, a in parsed.items() if a.get("host")}
         if local is not None:
             raise local
         for p, answer in parsed.items():

@@ -142,6 +142,9 @@ class _Read:
     box: Box
     buf: np.ndarray
     future: Any = None
+    #: (rank, holders): this process checks only every ``holders``-th chunk of the
+    #: read, from ``rank`` on; the other holders check the rest (None: all of them).
+    share: tuple[int, int] | None = None
 
 
 class LeafRead:
@@ -171,6 +174,11 @@ class LeafRead:
         there are none to check, and then reads are not widened to whole chunks.
     opening
         The array's opening, if already started.
+    shares
+        For a region other processes read too (keyed by the region a device needs):
+        this process's rank among them and their number. It then checks only its
+        share of the region's chunks (:func:`nbckpt.engine.exchange.verify_shares`);
+        the restore must make every process agree that all shares passed.
     """
 
     def __init__(
@@ -181,6 +189,7 @@ class LeafRead:
         dtype: Any,
         recorded: dict[str, tuple[str, int]] | None,
         opening: ts.Future[ts.TensorStore] | None = None,
+        shares: dict[Box, tuple[int, int]] | None = None,
     ) -> None:
         self.source = source
         self.meta = meta
@@ -196,6 +205,7 @@ class LeafRead:
         #: (device, the box it needs) per addressable device; None means host values.
         self.devices: list[tuple[Any, Box]] = []
         self.placed: dict[int, Any] = {}
+        self.shares = shares or {}
         self._opening: Any = None
         if meta["kind"] != "scalar":
             self._opening = opening if opening is not None else source.open(self.name)
@@ -271,7 +281,7 @@ class LeafRead:
             if box in self.reads:
                 continue
             buf = aligned_empty(tuple(b - a for a, b in box), dtype)
-            read = _Read(self, box, buf)
+            read = _Read(self, box, buf, share=self.shares.get(want))
             dst = ts.array(buf, copy=False, write=True)
             read.future = dst.write(store[self._slices(box)])
             read.future.add_done_callback(functools.partial(_call, on_done, read))
@@ -284,7 +294,11 @@ class LeafRead:
         recorded = self.recorded
         if recorded is None:  # nothing was recorded to check against
             return
-        for glob, local in chunk_regions(self._slices(read.box), self.shape, self.chunks):
+        rank, holders = read.share or (0, 1)
+        regions = chunk_regions(self._slices(read.box), self.shape, self.chunks)
+        for i, (glob, local) in enumerate(regions):
+            if i % holders != rank:
+                continue  # another process that read this region checks that chunk
             key = chunk_key(glob, self.chunks)
             rec = recorded.get(key)
             if rec is None:

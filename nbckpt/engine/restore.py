@@ -22,6 +22,15 @@ import jax
 import numpy as np
 
 from nbckpt import checksum as _checksum
+from nbckpt.engine.exchange import (
+    MIN_SPLIT_BYTES,
+    JobReads,
+    can_exchange,
+    gather,
+    holders,
+    split_sharding,
+    verify_shares,
+)
 from nbckpt.engine.reads import (
     LeafRead,
     aligned_empty,
@@ -86,6 +95,7 @@ def restore_step(
     cast: bool = False,
     verify: bool = True,
     item: str | None = None,
+    job: JobReads | None = None,
 ) -> Any:
     """Restore the complete step in ``directory`` (see ``AsyncCheckpointer.restore``).
 
@@ -115,6 +125,11 @@ def restore_step(
     item
         Which item of an Orbax ``CheckpointManager`` step to restore; None picks its
         only pytree item. An nbckpt step has one tree: it must be None.
+    job
+        Given, a leaf that several processes hold whole is read and checked once per
+        job, not once per process (:mod:`nbckpt.engine.exchange`); its ``agree`` runs
+        on every process once the reads are checked and must raise if any process
+        failed. None: every process reads and checks all it holds.
 
     Raises
     ------
@@ -152,6 +167,28 @@ def restore_step(
     def sums(m: dict[str, Any]) -> dict[str, tuple[str, int]] | None:
         return None if recorded is None else recorded.get(m["name"], {})
 
+    me = jax.process_index()
+    #: Where each leaf read in pieces goes once gathered, by its position in ``leaves``.
+    gathered: dict[int, jax.sharding.Sharding] = {}
+    shared: list[int] = []
+
+    def plan(sharding: jax.sharding.Sharding | None, m: dict[str, Any]) -> dict[str, Any]:
+        """How to read a leaf: the sharding to read it under, and the checks' shares."""
+        if job is None or sharding is None or m["kind"] == "scalar":
+            return {"sharding": sharding}
+        shape, itemsize = tuple(m["shape"]), np.dtype(m["dtype"]).itemsize
+        together = [ps for ps in holders(sharding, shape).values() if len(ps) > 1]
+        if not together or math.prod(shape) * itemsize < 2 * MIN_SPLIT_BYTES:
+            return {"sharding": sharding}
+        if job.local_root and job.one_host(p for ps in together for p in ps):
+            shared.append(len(leaves))
+            return {"sharding": sharding, "shares": verify_shares(sharding, shape, me)}
+        split = split_sharding(sharding, shape, itemsize) if can_exchange() else None
+        if split is None:
+            return {"sharding": sharding}
+        gathered[len(leaves)] = sharding
+        return {"sharding": split}
+
     if journal is not None:
         journal.emit(Event.READ_STARTED)
     leaves: list[LeafRead] = []
@@ -159,7 +196,10 @@ def restore_step(
         paths: list[tuple[PathEntry, ...]] = []
         for m in meta["leaves"]:
             sharding = default_sharding(m) if m["kind"] == "jax" else None
-            leaves.append(LeafRead(source, m, sharding, None, sums(m)))
+            how = plan(sharding, m)
+            leaves.append(
+                LeafRead(source, m, how["sharding"], None, sums(m), shares=how.get("shares"))
+            )
             paths.append(tuple((k, v) for k, v in m["path"]))
     else:
         flat, treedef = jax.tree_util.tree_flatten_with_path(target)
@@ -174,9 +214,21 @@ def restore_step(
             sharding, shape, dtype = target_parts(t)
             check_shape(name, m.get("shape", ()), shape)
             check_dtype(name, m.get("dtype"), dtype, cast)
-            leaves.append(LeafRead(source, m, sharding, dtype, sums(m)))
+            how = plan(sharding, m)
+            leaves.append(
+                LeafRead(source, m, how["sharding"], dtype, sums(m), shares=how.get("shares"))
+            )
     read_all(leaves)
     values = [leaf.result() for leaf in leaves]
+    if gathered or shared:
+        # Every process plans alike (same target, metadata and hosts), so all meet here.
+        assert job is not None
+        job.agree()
+    if gathered:
+        where = sorted(gathered)
+        moved = gather([values[i] for i in where], [gathered[i] for i in where])
+        for i, value in zip(where, moved, strict=True):
+            values[i] = value
     if target is None:
         result = unflatten_paths(list(zip(paths, values, strict=True)))
     else:

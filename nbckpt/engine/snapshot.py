@@ -14,21 +14,41 @@ from typing import Any
 import jax
 import numpy as np
 
-from nbckpt.engine.storage import chunk_shape
+from nbckpt.engine.storage import DEFAULT_CHUNK_BYTES, chunk_regions, chunk_shape
 from nbckpt.engine.tree import Leaf
 from nbckpt.formats.orbax_write import scalar_array_dtype
 
-__all__ = ["ShardWrite", "Snapshot", "describe_sharding", "take_snapshot"]
+__all__ = [
+    "SPLIT_MIN_BYTES",
+    "ShardWrite",
+    "Snapshot",
+    "describe_sharding",
+    "replica_count",
+    "take_snapshot",
+]
+
+
+#: A shard held by several devices is split among its replicas, each writing some of
+#: its chunks, only if every replica then writes at least this much: smaller leaves
+#: (biases, counters) are not worth more files.
+SPLIT_MIN_BYTES = 1 << 20
 
 
 @dataclass
 class ShardWrite:
-    """One region of one leaf that this process writes."""
+    """One region of one leaf that this process writes.
+
+    A shard replicated on ``parts`` devices is written by all of them: the replica
+    ``part`` writes the chunks whose position among the shard's chunks (in
+    :func:`nbckpt.engine.writer.chunk_regions` order) is ``part`` modulo ``parts``.
+    """
 
     leaf: str
     index: tuple[slice, ...]
     data: Any  # a single-device jax.Array or a numpy array
     nbytes: int
+    part: int = 0
+    parts: int = 1
 
 
 @dataclass
@@ -62,6 +82,15 @@ def describe_sharding(sharding: Any) -> dict[str, Any]:
     if isinstance(sharding, jax.sharding.SingleDeviceSharding):
         return {"type": "single_device", "device": str(next(iter(sharding.device_set)))}
     return {"type": type(sharding).__name__}
+
+
+def replica_count(sharding: jax.sharding.Sharding, shape: tuple[int, ...]) -> int:
+    """How many devices hold each shard of an array of ``shape`` under ``sharding``."""
+    boxes = {
+        tuple(sl.indices(d)[:2] for sl, d in zip(index, shape, strict=True))
+        for index in sharding.devices_indices_map(shape).values()
+    }
+    return max(1, len(sharding.device_set) // max(1, len(boxes)))
 
 
 def _scalar_json(value: bool | int | float | complex) -> Any:
@@ -131,14 +160,31 @@ def _snapshot_leaf(
         meta["sharding"] = describe_sharding(sharding)
         shard_shape = sharding.shard_shape(shape)
         local = process_count > 1 and value.is_fully_addressable
+        # Replicas of one shard split its chunks among them, so a replicated leaf is
+        # written once per job by every process that holds it, not by one alone.
+        parts = 1 if local else replica_count(sharding, shape)
+        shard_bytes = math.prod(shard_shape) * dtype.itemsize
+        if parts > 1 and shard_bytes < parts * SPLIT_MIN_BYTES:
+            parts = 1
+        max_bytes = DEFAULT_CHUNK_BYTES if parts == 1 else -(-shard_bytes // parts)
+        chunks = chunk_shape(shard_shape, dtype.itemsize, min(DEFAULT_CHUNK_BYTES, max_bytes))
         if not local or process == primary:
             for shard in value.addressable_shards:
-                if shard.replica_id != 0:
+                if shard.replica_id >= parts:
                     continue
                 data = shard.data
                 data.copy_to_host_async()
-                nbytes = math.prod(data.shape) * dtype.itemsize
-                snap.writes.append(ShardWrite(leaf.name, shard.index, data, nbytes))
+                nbytes = sum(
+                    math.prod(sl.stop - sl.start for sl in region) * dtype.itemsize
+                    for i, (region, _) in enumerate(chunk_regions(shard.index, shape, chunks))
+                    if i % parts == shard.replica_id
+                )
+                snap.writes.append(
+                    ShardWrite(leaf.name, shard.index, data, nbytes, shard.replica_id, parts)
+                )
+        meta["chunks"] = chunks
+        snap.leaves.append(meta)
+        return
     else:
         shard_shape = shape
         meta["sharding"] = None

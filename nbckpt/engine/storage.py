@@ -7,8 +7,9 @@ so processes that write different shards never touch the same file.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,8 @@ from nbckpt.storage.s3 import RETRIES
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
     "ZARRAY",
+    "chunk_key",
+    "chunk_regions",
     "chunk_shape",
     "context",
     "create_array",
@@ -81,6 +84,49 @@ def chunk_shape(
         divisor = next((d for d in range(need, length + 1) if length % d == 0), length)
         chunks[axis] = length // divisor
     return chunks
+
+
+def chunk_key(region: tuple[slice, ...], chunks: Sequence[int]) -> str:
+    """Return the zarr key of the chunk at ``region`` (``"0"`` for a 0-d array)."""
+    if not region:
+        return "0"
+    return ".".join(str(sl.start // max(1, c)) for sl, c in zip(region, chunks, strict=True))
+
+
+def chunk_regions(
+    index: tuple[slice, ...], shape: Sequence[int], chunks: Sequence[int]
+) -> Iterator[tuple[tuple[slice, ...], tuple[slice, ...]]]:
+    """Split one shard into chunk-sized regions.
+
+    Parameters
+    ----------
+    index
+        The shard's position in the global array.
+    shape
+        The global array's shape.
+    chunks
+        The array's chunk shape; shard boundaries fall on chunk boundaries.
+
+    Yields
+    ------
+    tuple
+        ``(global_region, local_region)``: where the chunk sits in the array, and in
+        the shard's own buffer.
+    """
+    bounds = [sl.indices(dim)[:2] for sl, dim in zip(index, shape, strict=True)]
+    ranges = [
+        range(start, stop, max(1, c)) for (start, stop), c in zip(bounds, chunks, strict=True)
+    ]
+    for corner in itertools.product(*ranges):
+        glob = tuple(
+            slice(c, min(c + max(1, ch), stop))
+            for c, ch, (_, stop) in zip(corner, chunks, bounds, strict=True)
+        )
+        local = tuple(
+            slice(g.start - start, g.stop - start)
+            for g, (start, _) in zip(glob, bounds, strict=True)
+        )
+        yield glob, local
 
 
 def _spec(path: Location) -> dict[str, Any]:

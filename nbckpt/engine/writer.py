@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import itertools
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -14,7 +13,13 @@ import tensorstore as ts
 from nbckpt import checksum as _checksum
 from nbckpt.engine import hooks
 from nbckpt.engine.snapshot import Snapshot
-from nbckpt.engine.storage import ZARRAY, create_array_async, open_for_write_async
+from nbckpt.engine.storage import (
+    ZARRAY,
+    chunk_key,
+    chunk_regions,
+    create_array_async,
+    open_for_write_async,
+)
 from nbckpt.storage import Location
 
 __all__ = ["array_leaves", "chunk_key", "chunk_regions", "create_arrays", "write_shards"]
@@ -55,49 +60,6 @@ def array_leaves(snap: Snapshot) -> list[dict[str, Any]]:
     the inline value, which is what nbckpt restores.
     """
     return [meta for meta in snap.leaves if "chunks" in meta]
-
-
-def chunk_key(region: tuple[slice, ...], chunks: Sequence[int]) -> str:
-    """Return the zarr key of the chunk at ``region`` (``"0"`` for a 0-d array)."""
-    if not region:
-        return "0"
-    return ".".join(str(sl.start // max(1, c)) for sl, c in zip(region, chunks, strict=True))
-
-
-def chunk_regions(
-    index: tuple[slice, ...], shape: Sequence[int], chunks: Sequence[int]
-) -> Iterator[tuple[tuple[slice, ...], tuple[slice, ...]]]:
-    """Split one shard into chunk-sized regions.
-
-    Parameters
-    ----------
-    index
-        The shard's position in the global array.
-    shape
-        The global array's shape.
-    chunks
-        The array's chunk shape; shard boundaries fall on chunk boundaries.
-
-    Yields
-    ------
-    tuple
-        ``(global_region, local_region)``: where the chunk sits in the array, and in
-        the shard's own buffer.
-    """
-    bounds = [sl.indices(dim)[:2] for sl, dim in zip(index, shape, strict=True)]
-    ranges = [
-        range(start, stop, max(1, c)) for (start, stop), c in zip(bounds, chunks, strict=True)
-    ]
-    for corner in itertools.product(*ranges):
-        glob = tuple(
-            slice(c, min(c + max(1, ch), stop))
-            for c, ch, (_, stop) in zip(corner, chunks, bounds, strict=True)
-        )
-        local = tuple(
-            slice(g.start - start, g.stop - start)
-            for g, (start, _) in zip(glob, bounds, strict=True)
-        )
-        yield glob, local
 
 
 def write_shards(
@@ -154,7 +116,10 @@ def write_shards(
             store = stores[w.leaf] = openings[w.leaf].result()
         host = np.asarray(w.data)  # for a device array, waits for its host copy
         itemsize = host.dtype.itemsize
-        for glob, local in chunk_regions(w.index, shapes_of[w.leaf], chunks_of[w.leaf]):
+        regions = chunk_regions(w.index, shapes_of[w.leaf], chunks_of[w.leaf])
+        for i, (glob, local) in enumerate(regions):
+            if i % w.parts != w.part:
+                continue  # another replica of this shard writes that chunk
             part = host[local]
             fut = store[glob].write(part, can_reference_source_data_indefinitely=True)
             pending.append((fut, math.prod(part.shape) * itemsize))
