@@ -2,9 +2,9 @@
 
 Each runs inside one JAX process of a :class:`nbckpt.procgroup.ProcessGroup`, on every
 process at once. Times are taken between two barriers where the measure is collective
-(the raw tensorstore figures), and from the call to its return where it is what a user
-waits for (``save``, ``wait_until_finished``, ``restore``): the parent takes the slowest
-process.
+(the raw tensorstore and plain-file figures), and from the call to its return where it
+is what a user waits for (``save``, ``wait_until_finished``, ``restore``): the parent
+takes the slowest process.
 
 ``NBCKPT_BENCH_NO_JOURNAL=1`` in a worker's environment, or ``journal=False`` on
 :func:`nb_save`, swaps ``JournalWriter.emit`` for a no-op in that process, so that the
@@ -57,57 +57,211 @@ class _Peak:
 
 # -- the state ------------------------------------------------------------------------
 
+LAYOUTS = ("fsdp", "replicated", "mesh2d", "small")
+"""The state layouts :func:`build` makes, in the order the reports list them."""
 
-def build(nbytes: int, leaves: int = LEAVES) -> dict[str, int]:
-    """Build ``leaves`` float32 arrays of ``nbytes`` in total, sharded over every device.
+_COLS = 1024
+_SMALL_LAYERS = 64  # bias + scale per layer, in params, mu and nu: 384 small leaves
+_SMALL_MAX_KIB = 64
 
-    Returns the total bytes and the bytes this process owns.
+
+def _random(shape: tuple[int, ...], dtype: Any, sharding: Any, seed: int) -> Any:
+    """A jax array of random values, each shard generated from its global position.
+
+    Seeding by position makes every replica of a shard identical in every process, as
+    a replicated parameter is in training. Random values, like trained weights: a
+    constant fill would let a compressing checkpointer (Orbax's zstd) write almost
+    nothing.
     """
+    import jax
+    import numpy as np
+
+    def block(idx: Any) -> Any:
+        ranges = [range(*s.indices(dim)) for s, dim in zip(idx, shape, strict=True)]
+        rng = np.random.default_rng([seed, *(r.start for r in ranges)])
+        size = tuple(len(r) for r in ranges)
+        if np.issubdtype(dtype, np.integer):
+            return rng.integers(0, 2**31 - 1, size=size, dtype=dtype)
+        return np.asarray(rng.random(size, dtype=np.float32), dtype=dtype)
+
+    return jax.make_array_from_callback(shape, sharding, block)
+
+
+def _tree_fsdp(nbytes: int, leaves: int, replicated: bool) -> dict[str, Any]:
     import jax
     import numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-    _state.clear()
-    mesh = Mesh(np.array(jax.devices()), ("data",))
-    sharding = NamedSharding(mesh, PartitionSpec("data"))
     n = jax.device_count()
-    rows = max(n, nbytes // 4 // leaves // 1024 // n * n)
-
-    def block(idx: Any) -> np.ndarray:
-        # Random values, like trained weights: a constant fill would let a compressing
-        # checkpointer (Orbax's zstd) write almost nothing.
-        start, stop, _ = idx[0].indices(rows)
-        rng = np.random.default_rng(start)
-        return rng.random((stop - start, 1024), dtype=np.float32)
-
-    tree = {
-        f"w{i}": jax.make_array_from_callback((rows, 1024), sharding, block) for i in range(leaves)
-    }
-    jax.block_until_ready(tree)
-    _state["tree"] = tree
-    _state["sharding"] = sharding
-    owned = sum(s.data.nbytes for a in tree.values() for s in a.addressable_shards)
-    return {"total": rows * 1024 * 4 * leaves, "owned": int(owned)}
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+    sharding = NamedSharding(mesh, PartitionSpec() if replicated else PartitionSpec("data"))
+    # The same shapes for both, so that their restores move the same unique bytes.
+    rows = max(n, nbytes // 4 // leaves // _COLS // n * n)
+    return {f"w{i}": _random((rows, _COLS), np.float32, sharding, i) for i in range(leaves)}
 
 
-def _abstract() -> dict[str, Any]:
+def _tree_mesh2d(nbytes: int, leaves: int) -> dict[str, Any]:
     import jax
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    n = jax.device_count()
+    data = 2 if n % 2 == 0 else 1
+    model = n // data
+    mesh = Mesh(np.array(jax.devices()).reshape(data, model), ("data", "model"))
+    specs = (PartitionSpec("data", "model"), PartitionSpec(None, "model"))
+    cols = max(model, _COLS // model * model)
+    rows = max(data, nbytes // 4 // leaves // cols // data * data)
+    return {
+        f"w{i}": _random((rows, cols), np.float32, NamedSharding(mesh, specs[i % 2]), i)
+        for i in range(leaves)
+    }
+
+
+def _tree_small(nbytes: int) -> dict[str, Any]:
+    """An optimizer-like state: a few large fsdp leaves, hundreds of small ones, scalars."""
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    n = jax.device_count()
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+    fsdp = NamedSharding(mesh, PartitionSpec("data"))
+    repl = NamedSharding(mesh, PartitionSpec())
+    # A fixed seed: every process must build the same shapes.
+    shapes = np.random.default_rng(0)
+    small_count = 3 * 2 * _SMALL_LAYERS
+    # Small leaves take at most about a quarter of a tiny state, so that it stays
+    # mostly large leaves; from 64 MiB up their sizes span the whole 1-64 KiB.
+    max_kib = int(min(_SMALL_MAX_KIB, max(1, nbytes / 2 / small_count / 2**10)))
+    kib = shapes.integers(1, max_kib + 1, size=(_SMALL_LAYERS, 2))
+    small_bytes = 3 * int(kib.sum()) * 2**10
+    large = 3 * 2  # embedding and head kernel, in params, mu and nu
+    rows = max(n, (nbytes - small_bytes) // 4 // large // _COLS // n * n)
+    seeds = iter(range(1_000_000))
+
+    def params_like() -> dict[str, Any]:
+        tree: dict[str, Any] = {
+            "embed": _random((rows, _COLS), np.float32, fsdp, next(seeds)),
+            "head": {"kernel": _random((rows, _COLS), np.float32, fsdp, next(seeds))},
+        }
+        for i, (bias, scale) in enumerate(kib):
+            tree[f"layer_{i}"] = {
+                "bias": _random((int(bias) * 256,), np.float32, repl, next(seeds)),
+                "scale": _random((int(scale) * 256,), np.float32, repl, next(seeds)),
+            }
+        return tree
 
     return {
-        k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=_state["sharding"])
-        for k, v in _state["tree"].items()
+        "params": params_like(),
+        "opt_state": {
+            "mu": params_like(),
+            "nu": params_like(),
+            "count": _random((), np.int32, repl, next(seeds)),
+            "learning_rate": 3e-4,
+        },
+        "loss_scale": _random((), np.float32, repl, next(seeds)),
+        "step": 12_345,
     }
 
 
-def _check(out: dict[str, Any]) -> None:
-    """Spot-check a restored tree against the state (a wrong restore is no figure)."""
+def build(nbytes: int, leaves: int = LEAVES, layout: str = "fsdp") -> dict[str, int]:
+    """Build a state of about ``nbytes`` unique bytes, with random values.
+
+    Parameters
+    ----------
+    nbytes
+        The state's unique bytes (a replicated byte counts once).
+    leaves
+        How many float32 arrays the ``fsdp``, ``replicated`` and ``mesh2d`` states have.
+    layout
+        One of :data:`LAYOUTS`. ``fsdp``: every leaf sharded on its first axis over a
+        1-D mesh of all devices. ``replicated``: the same shapes, every leaf whole on
+        every device (data parallelism). ``mesh2d``: a ("data", "model") mesh of
+        shape (2, n/2), or (1, n) for an odd device count n; leaves alternate between
+        ``P("data", "model")`` and ``P(None, "model")`` (replicated over "data").
+        ``small``: a nested optimizer-like state: six large fsdp leaves, 384 small
+        replicated ones (1-64 KiB), 0-d jax arrays and Python scalars.
+
+    Returns
+    -------
+    dict
+        ``total``: the unique bytes of the state's jax arrays; ``owned``: the bytes of
+        this process's shards, replicas included; ``unique_owned``: this process's
+        even share of ``total``, what it would write if each unique byte were
+        written once.
+    """
+    import jax
+
+    _state.clear()
+    if layout in ("fsdp", "replicated"):
+        tree = _tree_fsdp(nbytes, leaves, replicated=layout == "replicated")
+    elif layout == "mesh2d":
+        tree = _tree_mesh2d(nbytes, leaves)
+    elif layout == "small":
+        tree = _tree_small(nbytes)
+    else:
+        raise ValueError(f"unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}")
+    jax.block_until_ready(tree)
+    arrays = [x for x in jax.tree.leaves(tree) if isinstance(x, jax.Array)]
+    total = sum(int(a.nbytes) for a in arrays)
+    owned = sum(int(s.data.nbytes) for a in arrays for s in a.addressable_shards)
+    procs, index = jax.process_count(), jax.process_index()
+    unique_owned = total // procs + (1 if index < total % procs else 0)
+    _state.update(tree=tree, layout=layout, unique_owned=unique_owned)
+    return {"total": total, "owned": owned, "unique_owned": unique_owned}
+
+
+def _abstract() -> Any:
+    """The state with each jax array as a ShapeDtypeStruct carrying its own sharding.
+
+    Python scalars stay as they are: both restore APIs take them as host values.
+    """
+    import jax
+
+    def spec(x: Any) -> Any:
+        if isinstance(x, jax.Array):
+            return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
+        return x
+
+    return jax.tree.map(spec, _state["tree"])
+
+
+def _check(out: Any) -> None:
+    """Check a restored tree against the state (a wrong restore is no figure).
+
+    Every leaf: its path, type, shape, dtype and sharding, and the first and last two
+    rows of every shard this process holds.
+    """
+    import jax
     import numpy as np
 
-    for k, v in _state["tree"].items():
-        a = out[k].addressable_shards[0].data
-        b = v.addressable_shards[0].data
-        if not np.array_equal(np.asarray(a)[:2], np.asarray(b)[:2]):
-            raise AssertionError(f"restored leaf {k} differs from the saved one")
+    layout = _state.get("layout", "fsdp")
+    want = jax.tree_util.tree_flatten_with_path(_state["tree"])[0]
+    got = jax.tree_util.tree_flatten_with_path(out)[0]
+    want_paths = [jax.tree_util.keystr(p) for p, _ in want]
+    got_paths = [jax.tree_util.keystr(p) for p, _ in got]
+    if want_paths != got_paths:
+        missing = sorted(set(want_paths) - set(got_paths))[:5]
+        extra = sorted(set(got_paths) - set(want_paths))[:5]
+        raise AssertionError(f"{layout}: restored paths differ: missing {missing}, extra {extra}")
+    for (path, w), (_, g) in zip(want, got, strict=True):
+        where = f"{layout}: restored leaf {jax.tree_util.keystr(path)}"
+        if not isinstance(w, jax.Array):
+            if isinstance(g, jax.Array) or g != w:
+                raise AssertionError(f"{where} is {g!r}, saved {w!r}")
+            continue
+        if not isinstance(g, jax.Array) or g.shape != w.shape or g.dtype != w.dtype:
+            raise AssertionError(f"{where} is {type(g).__name__} {getattr(g, 'shape', '')}")
+        if not g.sharding.is_equivalent_to(w.sharding, w.ndim):
+            raise AssertionError(f"{where} has sharding {g.sharding}, saved {w.sharding}")
+        shards = {s.device: s.data for s in g.addressable_shards}
+        for s in w.addressable_shards:
+            a, b = np.asarray(shards[s.device]), np.asarray(s.data)
+            if a.ndim:
+                a, b = np.concatenate([a[:2], a[-2:]]), np.concatenate([b[:2], b[-2:]])
+            if not np.array_equal(a, b):
+                raise AssertionError(f"{where} differs from the saved one on {s.device}")
 
 
 def _journal(enabled: bool) -> None:
@@ -238,8 +392,10 @@ def _sync() -> Any:
 def raw_write(directory: str, tag: str) -> float:
     """Write every owned shard as one uncompressed zarr chunk with plain tensorstore.
 
-    tensorstore's default context fsyncs every file before a write commits. Timed from
-    a barrier after the arrays exist to a barrier after every process's writes.
+    For the flat states (``fsdp``, ``replicated``, ``mesh2d``); ``replica_id`` 0 of
+    each shard writes it. tensorstore's default context fsyncs every file before a
+    write commits. Timed from a barrier after the arrays exist to a barrier after
+    every process's writes.
     """
     import jax
     import numpy as np
@@ -252,7 +408,7 @@ def raw_write(directory: str, tag: str) -> float:
         base.mkdir(parents=True, exist_ok=True)
         for k, v in tree.items():
             spec = _raw_spec(base / k)
-            shard = _state["sharding"].shard_shape(v.shape)
+            shard = v.sharding.shard_shape(v.shape)
             spec["metadata"] = {"shape": list(v.shape), "chunks": list(shard), "compressor": None}
             ts.open(spec, create=True, dtype=ts.float32).result()
     sync.barrier("bench-raw", f"{tag}-created", timeout_s=120)
@@ -286,6 +442,74 @@ def raw_read(directory: str, tag: str) -> float:
         f.result()
     sync.barrier("bench-raw", f"{tag}-read1", timeout_s=600)
     return time.perf_counter() - t0
+
+
+# -- the disk's limit for the state's unique bytes: plain files ------------------------
+
+_BLOCK = 16 * 2**20
+
+
+def _share_path(directory: str) -> Path:
+    import jax
+
+    return Path(directory) / f"share-{jax.process_index()}"
+
+
+def raw_file_write(directory: str, tag: str) -> float:
+    """Write this process's even share of the state's unique bytes as one plain file.
+
+    ``os.write`` in 16 MiB blocks, ``os.fdatasync`` and an ``fsync`` of the directory,
+    timed from a barrier to a barrier after every process's writes: the disk's limit
+    for writing each unique byte once per job, whatever the layout (a replicated state
+    is written once, split among the processes).
+    """
+    import numpy as np
+
+    sync = _sync()
+    path = _share_path(directory)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    left = int(_state["unique_owned"])
+    # Made before the clock starts: the limit is the disk's, not the generator's.
+    block = memoryview(np.random.default_rng(left).bytes(min(left, _BLOCK)))
+    sync.barrier("bench-rawfile", f"{tag}-write0", timeout_s=120)
+    t0 = time.perf_counter()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        while left > 0:
+            left -= os.write(fd, block[: min(left, len(block))])
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)  # the new file's entry is part of durability, as for a checkpoint
+    finally:
+        os.close(dfd)
+    sync.barrier("bench-rawfile", f"{tag}-write1", timeout_s=600)
+    return time.perf_counter() - t0
+
+
+def raw_file_read(directory: str, tag: str) -> float:
+    """Read this process's share back with plain reads; seconds between two barriers.
+
+    The parent drops the page cache first. The reads reuse one 16 MiB buffer: the
+    figure is the disk's limit, without the cost of the memory a restore fills.
+    """
+    sync = _sync()
+    path = _share_path(directory)
+    size = int(_state["unique_owned"])
+    view = memoryview(bytearray(min(size, _BLOCK)))
+    got = 0
+    sync.barrier("bench-rawfile", f"{tag}-read0", timeout_s=120)
+    t0 = time.perf_counter()
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(view):
+            got += n
+    sync.barrier("bench-rawfile", f"{tag}-read1", timeout_s=600)
+    elapsed = time.perf_counter() - t0
+    if got != size:
+        raise AssertionError(f"read {got} bytes of {path}, wrote {size}")
+    return elapsed
 
 
 # -- barriers -------------------------------------------------------------------------

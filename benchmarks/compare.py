@@ -1,17 +1,25 @@
 """nbckpt side by side with Orbax and with the disk's limit, in one run.
 
-Run: ``.venv/bin/python benchmarks/compare.py [--sizes 64M,256M,1G,4G] [--reps 5]``
+Run: ``.venv/bin/python benchmarks/compare.py [--sizes 64M,256M,1G,4G] [--reps 5]
+[--states fsdp,replicated,mesh2d,small] [--state-sizes 64M,256M,1G]``
 (``pip install -e ".[bench]"`` installs Orbax; without it the Orbax columns read n/a).
 ``--quick`` is a smoke run of a minute or two with tiny sizes and one repetition.
 
-The same group of local JAX processes (one CPU device each) holds one float32 state of
-8 arrays sharded over every device, and saves and restores it with nbckpt, with Orbax
+The same group of local JAX processes (one CPU device each) holds a state with random
+values and saves and restores it with nbckpt, with Orbax
 (``AsyncCheckpointer(StandardCheckpointHandler())``, its durable defaults) and with
-plain tensorstore (one uncompressed zarr chunk per shard, fsync'd: the raw limit),
-alternating the order every repetition. The page cache is dropped before every read.
-Each figure is the median over repetitions of the slowest process. The results go to
-``benchmarks/RESULTS.md`` (not in ``--quick`` mode unless ``--out`` is given) and the
-last line printed sums up the ratios.
+plain files (each unique byte written once per job, split evenly among the
+processes, ``fdatasync``'d, and read back: the raw limit), alternating the order every
+repetition. The states (``_workers.LAYOUTS``) are ``fsdp`` (8 float32 arrays sharded
+over every device), ``replicated`` (the same arrays whole on every device), ``mesh2d``
+(a 2-D mesh, partly replicated) and ``small`` (an optimizer-like tree of a few large
+leaves, hundreds of small ones and scalars). ``--sizes`` are the sizes of the
+``fsdp`` state, which is also written with plain tensorstore (one uncompressed zarr
+chunk per shard, fsync'd); ``--state-sizes`` those of every state in ``--states``.
+A state and size in both grids is measured once. The page cache is dropped before
+every read. Each figure is the median over repetitions of the slowest process. The
+results go to ``benchmarks/RESULTS.md`` (not in ``--quick`` mode unless ``--out`` is
+given) and the last line printed sums up the ratios.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path[:0] = [str(HERE), str(REPO)]
 
+from _workers import LAYOUTS  # noqa: E402
 from engine_bench import drop_cache  # noqa: E402  (the one cache-dropping helper)
 
 from nbckpt.procgroup import ProcessGroup  # noqa: E402
@@ -51,10 +60,10 @@ def parse_size(text: str) -> int:
 
 
 def fmt_size(n: int) -> str:
-    """Bytes as the largest binary unit that keeps them whole-ish."""
+    """Bytes as the largest binary unit that keeps them whole-ish (two decimals at most)."""
     for unit, m in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= m:
-            return f"{n / m:g} {unit}"
+            return f"{f'{n / m:.2f}'.rstrip('0').rstrip('.')} {unit}"
     return f"{n} B"
 
 
@@ -65,10 +74,17 @@ def med(xs: Sequence[float]) -> float:
 
 @dataclass
 class SizeResult:
-    """Every repetition's figures for one size."""
+    """Every repetition's figures for one state layout and size.
+
+    ``nbytes`` is the state's unique bytes, ``owned`` the most bytes a process holds
+    (replicas included) and ``unique_owned`` the most a process writes in the raw
+    plain-file limit (its even share of ``nbytes``).
+    """
 
     nbytes: int
     owned: int
+    layout: str = "fsdp"
+    unique_owned: int = 0
     nb_blocked: list[float] = field(default_factory=list)
     nb_commit: list[float] = field(default_factory=list)
     nb_restore: list[float] = field(default_factory=list)
@@ -80,6 +96,8 @@ class SizeResult:
     raw_write: list[float] = field(default_factory=list)
     raw_read: list[float] = field(default_factory=list)
     dd_write: list[float] = field(default_factory=list)
+    lim_write: list[float] = field(default_factory=list)
+    lim_read: list[float] = field(default_factory=list)
 
 
 def dd_write(path: Path, nbytes: int) -> float:
@@ -159,11 +177,21 @@ def bench_size(
     reps: int,
     orbax: bool,
     log: Callable[[str], None],
+    layout: str = "fsdp",
 ) -> SizeResult:
-    """Alternate nbckpt, Orbax and raw tensorstore on one state, ``reps`` times."""
-    built = group.run(f"{W}:build", nbytes)
-    res = SizeResult(nbytes=built[0]["total"], owned=max(b["owned"] for b in built))
-    tag = f"s{res.nbytes}"
+    """Alternate nbckpt, Orbax and the raw limits on one state, ``reps`` times.
+
+    The plain-file limit is measured for every layout; raw tensorstore and the
+    single-stream write (the "Save and cold restore" table's columns) for ``fsdp``.
+    """
+    built = group.run(f"{W}:build", nbytes, kwargs={"layout": layout})
+    res = SizeResult(
+        nbytes=built[0]["total"],
+        owned=max(b["owned"] for b in built),
+        layout=layout,
+        unique_owned=max(b["unique_owned"] for b in built),
+    )
+    tag = f"{layout}-s{res.nbytes}"
 
     def run_nb(rep: int) -> None:
         root = base / f"nb-{tag}-{rep}"
@@ -193,14 +221,23 @@ def bench_size(
         remove(path)
         res.dd_write.append(dd_write(base / "dd.bin", res.nbytes))
 
-    runners: list[Callable[[int], None]] = [run_nb, run_raw]
+    def run_file(rep: int) -> None:
+        path = base / f"file-{tag}-{rep}"
+        res.lim_write.append(max(group.run(f"{W}:raw_file_write", str(path), f"{tag}-{rep}")))
+        drop_cache(path)
+        res.lim_read.append(max(group.run(f"{W}:raw_file_read", str(path), f"{tag}-{rep}")))
+        remove(path)
+
+    runners: list[Callable[[int], None]] = [run_nb, run_file]
+    if layout == "fsdp":
+        runners.append(run_raw)
     if orbax:
         runners.append(run_ob)
     for rep in range(reps):
         # Rotate the order so no system always runs first (or after the same one).
         for i in range(len(runners)):
             runners[(rep + i) % len(runners)](rep)
-        log(f"  {fmt_size(res.nbytes)} rep {rep + 1}/{reps} done")
+        log(f"  {layout} {fmt_size(res.nbytes)} rep {rep + 1}/{reps} done")
     return res
 
 
@@ -343,6 +380,86 @@ class Target:
     met: bool | None
 
 
+StateRow = tuple[SizeResult, SizeResult | None]
+"""A state's figures and those of the ``fsdp`` state of the same size (None: not run)."""
+
+REPLICATED_BOUND = 1.3
+
+
+def secs(x: float) -> str:
+    """Seconds as ``1.23 s``, or n/a for NaN."""
+    return f"{num(x, '.2f')} s"
+
+
+def states_table(rows: Sequence[StateRow], processes: int, reps: int) -> list[str]:
+    """The "States" section: every state and size against Orbax and the raw limit.
+
+    Parameters
+    ----------
+    rows
+        One per state and size, in report order, each with its ``fsdp`` reference.
+    processes, reps
+        For the heading.
+
+    Returns
+    -------
+    list of str
+        Markdown lines, ending with a blank one.
+    """
+    lines = [
+        f"### States ({processes} processes, medians of {reps})",
+        "",
+        "| state | size | owned / unique share per process | save blocks: nbckpt | Orbax | "
+        "durable save: nbckpt | Orbax | raw limit | nbckpt/raw | cold restore: nbckpt | "
+        "Orbax | raw read limit | nbckpt/raw | restore / fsdp restore |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for s, ref in rows:
+        n = s.nbytes
+        nb_c, ob_c, lim_w = med(s.nb_commit), med(s.ob_commit), med(s.lim_write)
+        nb_r, ob_r, lim_r = med(s.nb_restore), med(s.ob_restore), med(s.lim_read)
+        vs_fsdp = ratio(nb_r, med(ref.nb_restore)) if ref is not None else "n/a"
+        lines.append(
+            f"| {s.layout} | {fmt_size(n)} | {fmt_size(s.owned)} / {fmt_size(s.unique_owned)} "
+            f"| {med(s.nb_blocked) * 1e3:.1f} ms | {num(med(s.ob_blocked) * 1e3, '.1f')} ms "
+            f"| {secs(nb_c)} | {secs(ob_c)} | {secs(lim_w)} = {num(gbps(n, lim_w), '.2f')} "
+            f"GB/s | {ratio(gbps(n, nb_c), gbps(n, lim_w))} "
+            f"| {secs(nb_r)} | {secs(ob_r)} | {secs(lim_r)} = {num(gbps(n, lim_r), '.2f')} "
+            f"GB/s | {ratio(gbps(n, nb_r), gbps(n, lim_r))} | {vs_fsdp} |"
+        )
+    lines += [
+        "",
+        "Size is the state's unique bytes (a replicated byte counts once); a process owns "
+        "its shards, replicas included. The raw limits write each unique byte once per "
+        "job: every process writes its even share (the unique share) as one plain file "
+        "(`os.write`, `fdatasync`, directory `fsync`) and, after the page cache is "
+        "dropped, reads it back, both timed between two barriers. nbckpt/raw is nbckpt's "
+        "throughput over the limit's (higher is better, 1x is the limit). The last column "
+        "is nbckpt's cold restore time over that of the `fsdp` state of the same size "
+        f"(the `replicated` state has the same bytes; target <= {REPLICATED_BOUND}x).",
+        "",
+    ]
+    return lines
+
+
+def replicated_target(rows: Sequence[StateRow], headline: SizeResult) -> Target:
+    """Replicated restore over sharded restore of the same bytes, nearest the headline."""
+    paired = [(s, ref) for s, ref in rows if s.layout == "replicated" and ref is not None]
+    name, bound = "replicated restore / sharded restore", f"<= {REPLICATED_BOUND}x"
+    if not paired:
+        return Target(name, "n/a", bound, None)
+    s, ref = min(paired, key=lambda p: abs(p[0].nbytes - headline.nbytes))
+    rep_r, ref_r = med(s.nb_restore), med(ref.nb_restore)
+    at = "" if s.nbytes == headline.nbytes else f" at {fmt_size(s.nbytes)}"
+    known = rep_r == rep_r and ref_r == ref_r
+    return Target(
+        name,
+        ratio(rep_r, ref_r) + at,
+        bound,
+        rep_r <= REPLICATED_BOUND * ref_r if known else None,
+    )
+
+
 def report(
     sizes: list[SizeResult],
     journal: JournalResult | None,
@@ -351,6 +468,7 @@ def report(
     headline: SizeResult,
     processes: int,
     reps: int,
+    states: Sequence[StateRow] = (),
 ) -> tuple[list[str], list[Target]]:
     """The tables (Markdown) and the targets."""
     lines: list[str] = []
@@ -400,6 +518,8 @@ def report(
         "the largest over processes and repetitions."
     )
     lines.append("")
+    if states:
+        lines += states_table(states, processes, reps)
     nb_bar, wab = barrier
     lines.append(f"### Barrier round trip ({processes} processes, median of 200)")
     lines.append("")
@@ -491,6 +611,7 @@ def report(
             "<= 10 %",
             None if spread != spread else spread <= 10,
         ),
+        replicated_target(states, headline),
     ]
     lines.append(f"### Targets (at {fmt_size(n)})")
     lines.append("")
@@ -516,7 +637,15 @@ def summary(headline: SizeResult, targets: list[Target]) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Run the comparison, print it, write RESULTS.md and print the summary line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="64M,256M,1G,4G")
+    parser.add_argument("--sizes", default="64M,256M,1G,4G", help="sizes of the fsdp state")
+    parser.add_argument(
+        "--states",
+        default=",".join(LAYOUTS),
+        help=f"state layouts of the States table, from {', '.join(LAYOUTS)}",
+    )
+    parser.add_argument(
+        "--state-sizes", default="64M,256M,1G", help="sizes of every state in --states"
+    )
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--scaling-size", default="1G", help="total bytes for 1/2/4 processes")
@@ -531,8 +660,22 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.sizes, args.reps, args.scaling_size, args.barriers = "8M,16M", 1, "16M", 50
+        args.state_sizes = "16M"  # with fsdp at 16M from --sizes: measured once
     out = Path(args.out) if args.out else (None if args.quick else HERE / "RESULTS.md")
-    sizes = [parse_size(s) for s in args.sizes.split(",") if s]
+    sizes = list(dict.fromkeys(parse_size(s) for s in args.sizes.split(",") if s))
+    state_sizes = list(dict.fromkeys(parse_size(s) for s in args.state_sizes.split(",") if s))
+    states = list(dict.fromkeys(s.strip() for s in args.states.split(",") if s.strip()))
+    if unknown := [s for s in states if s not in LAYOUTS]:
+        parser.error(f"unknown state(s) {', '.join(unknown)}; choose from {', '.join(LAYOUTS)}")
+    if not sizes:
+        parser.error("--sizes is empty: the fsdp state needs at least one size")
+    # fsdp at --sizes feeds the first table, every state at --state-sizes the States
+    # table; a state and size in both is measured once. Smallest first, fsdp first
+    # within a size, so that a failing layout shows up early.
+    plan = sorted(
+        {("fsdp", n) for n in sizes} | {(s, n) for s in states for n in state_sizes},
+        key=lambda p: (p[1], LAYOUTS.index(p[0])),
+    )
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     orbax = not args.no_orbax and _version("orbax-checkpoint") != "not installed"
 
@@ -542,12 +685,14 @@ def main(argv: list[str] | None = None) -> int:
     base = Path(tempfile.mkdtemp(prefix="nbckpt-compare-", dir=args.dir))
     load0 = os.getloadavg()
     t_start = time.time()
-    results: list[SizeResult] = []
+    measured: dict[tuple[str, int], SizeResult] = {}
     try:
         with group_of(args.processes) as group:
-            for nbytes in sizes:
-                log(f"size {fmt_size(nbytes)}")
-                results.append(bench_size(group, base, nbytes, args.reps, orbax, log))
+            for layout, nbytes in plan:
+                log(f"state {layout}, size {fmt_size(nbytes)}")
+                measured[layout, nbytes] = bench_size(
+                    group, base, nbytes, args.reps, orbax, log, layout
+                )
             bar = (
                 max(group.run(f"{W}:barriers", args.barriers, "a")),
                 max(group.run(f"{W}:jax_barriers", args.barriers, "a")),
@@ -568,9 +713,13 @@ def main(argv: list[str] | None = None) -> int:
     load1 = os.getloadavg()
     minutes = (time.time() - t_start) / 60
 
+    results = [measured["fsdp", n] for n in sizes]
+    state_rows = [(measured[s, n], measured.get(("fsdp", n))) for n in state_sizes for s in states]
     target = parse_size(args.scaling_size)
     headline = min(results, key=lambda r: abs(r.nbytes - target))
-    tables, targets = report(results, journal, bar, scaling, headline, args.processes, args.reps)
+    tables, targets = report(
+        results, journal, bar, scaling, headline, args.processes, args.reps, state_rows
+    )
     cli = argv if argv is not None else sys.argv[1:]
     head = [
         "# Benchmark results: nbckpt, Orbax and the disk's limit",
@@ -588,15 +737,22 @@ def main(argv: list[str] | None = None) -> int:
         "",
         "## Method",
         "",
-        f"{args.processes} local JAX processes x 1 CPU device joined by jax.distributed; "
-        "a float32 state of 8 arrays sharded over all devices. Per repetition, in "
-        "rotating order: nbckpt (`AsyncCheckpointer.save` + `wait_until_finished`, "
-        "restore into the same shardings), Orbax "
+        f"{args.processes} local JAX processes x 1 CPU device joined by jax.distributed. "
+        "The states, with random values: `fsdp`, 8 float32 arrays sharded on their first "
+        "axis over all devices (the state of the first table); `replicated`, the same "
+        'arrays whole on every device; `mesh2d`, a ("data", "model") mesh of shape '
+        '(2, n/2) ((1, n) for an odd n), leaves alternating between `P("data", "model")` and '
+        '`P(None, "model")`; `small`, a nested optimizer-like tree: six large `fsdp` '
+        "leaves, 384 replicated leaves of 1-64 KiB, 0-d arrays and Python scalars. Per "
+        "repetition, in rotating order: nbckpt (`AsyncCheckpointer.save` + "
+        "`wait_until_finished`, restore into the same shardings), Orbax "
         "(`ocp.AsyncCheckpointer(ocp.StandardCheckpointHandler())`, its durable "
-        "defaults: OCDBT, zstd, fsync), raw tensorstore (one uncompressed zarr chunk per "
-        "shard, fsync'd, timed between two barriers) and `dd`-like single-stream write "
-        "+ `fdatasync` from the parent. After each run its files are deleted and "
-        "`sync`ed. The page cache is dropped "
+        "defaults: OCDBT, zstd, fsync), the plain-file limit (each unique byte written "
+        "once, split evenly among the processes, `fdatasync`'d, and read back, timed "
+        "between two barriers), and for `fsdp` raw tensorstore (one uncompressed zarr "
+        "chunk per shard, fsync'd, timed between two barriers) and a `dd`-like "
+        "single-stream write + `fdatasync` from the parent. After each run its files are "
+        "deleted and `sync`ed. The page cache is dropped "
         f"(`{drop_cache.__module__}.drop_cache`) before every read. Figures are medians "
         "over repetitions of the slowest process.",
         "",

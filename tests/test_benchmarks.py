@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from importlib.util import find_spec
@@ -11,6 +12,20 @@ import pytest
 
 pytestmark = pytest.mark.multihost
 COMPARE = Path(__file__).resolve().parent.parent / "benchmarks" / "compare.py"
+SECONDS = r"\d+\.\d\d s"
+RATIO = r"\d+\.\d\dx"
+
+
+def table_rows(report: str, heading: str) -> list[list[str]]:
+    """The cells of the body rows of the first Markdown table after ``heading``."""
+    after = report.split(heading, 1)[1].splitlines()
+    start = next(i for i, ln in enumerate(after) if ln.startswith("|"))
+    rows = []
+    for ln in after[start + 2 :]:  # past the header and the --- line
+        if not ln.startswith("|"):
+            break
+        rows.append([c.strip() for c in ln.strip().strip("|").split("|")])
+    return rows
 
 
 def test_compare_quick_reports_every_measure(tmp_path):
@@ -38,6 +53,28 @@ def test_compare_quick_reports_every_measure(tmp_path):
         assert measure in report
     if not has_orbax:
         assert "n/a" in report  # the Orbax columns are there, empty
+
+    # Every state at --quick's one state size (16 MiB), each restore checked by the
+    # workers, fsdp measured once for both tables.
+    rows = {r[0]: r for r in table_rows(report, "### States")}
+    assert sorted(rows) == ["fsdp", "mesh2d", "replicated", "small"]
+    # Owned (replicas included) / unique share, with 4 processes: replicated holds it
+    # all, mesh2d's (2, 2) mesh half-replicates every other leaf.
+    assert rows["fsdp"][1:3] == ["16 MiB", "4 MiB / 4 MiB"]
+    assert rows["replicated"][1:3] == ["16 MiB", "16 MiB / 4 MiB"]
+    assert rows["mesh2d"][1:3] == ["16 MiB", "6 MiB / 4 MiB"]
+    for state, r in rows.items():
+        # durable save and cold restore: nbckpt, Orbax, raw limit, nbckpt/raw
+        for nb, ob, limit, vs_raw in (r[5:9], r[9:13]):
+            assert re.fullmatch(SECONDS, nb), (state, r)
+            assert ob == "n/a s" if not has_orbax else re.fullmatch(SECONDS, ob), (state, r)
+            assert re.fullmatch(SECONDS + r" = \d+\.\d\d GB/s", limit), (state, r)
+            assert re.fullmatch(RATIO, vs_raw), (state, r)
+        assert re.fullmatch(RATIO, r[13]), (state, r)
+    assert rows["fsdp"][13] == "1.00x"
+    target = rf"\| replicated restore / sharded restore \| {RATIO} \| <= 1\.3x \| (yes|NO) \|"
+    assert re.search(target, report)
+    assert "replicated restore / sharded restore" in lines[-1]
     assert not list(tmp_path.glob("nbckpt-compare-*")), "the scratch directory was left behind"
 
 
