@@ -55,14 +55,18 @@ def context() -> ts.Context:
     """
     global _context
     if _context is None:
-        _context = ts.Context(
-            {
-                "file_io_sync": True,
-                "cache_pool": {"total_bytes_limit": 0},
-                "s3_request_retries": RETRIES,
-            }
-        )
+        _context = _make_context(sync=True)
     return _context
+
+
+def _make_context(*, sync: bool) -> ts.Context:
+    return ts.Context(
+        {
+            "file_io_sync": sync,
+            "cache_pool": {"total_bytes_limit": 0},
+            "s3_request_retries": RETRIES,
+        }
+    )
 
 
 def chunk_shape(
@@ -188,13 +192,7 @@ def _unsynced_context() -> ts.Context:
     """A context like :func:`context` whose file writes are not fsync'd."""
     global _unsynced
     if _unsynced is None:
-        _unsynced = ts.Context(
-            {
-                "file_io_sync": False,
-                "cache_pool": {"total_bytes_limit": 0},
-                "s3_request_retries": RETRIES,
-            }
-        )
+        _unsynced = _make_context(sync=False)
     return _unsynced
 
 
