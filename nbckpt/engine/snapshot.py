@@ -166,8 +166,11 @@ def _snapshot_leaf(
         shard_bytes = math.prod(shard_shape) * dtype.itemsize
         if parts > 1 and shard_bytes < parts * SPLIT_MIN_BYTES:
             parts = 1
-        max_bytes = DEFAULT_CHUNK_BYTES if parts == 1 else -(-shard_bytes // parts)
-        chunks = chunk_shape(shard_shape, dtype.itemsize, min(DEFAULT_CHUNK_BYTES, max_bytes))
+        if parts == 1:
+            chunks = chunk_shape(shard_shape, dtype.itemsize)
+        else:
+            split = min(DEFAULT_CHUNK_BYTES, -(-shard_bytes // parts))
+            chunks = chunk_shape(shard_shape, dtype.itemsize, max_bytes=split)
         if not local or process == primary:
             for shard in value.addressable_shards:
                 if shard.replica_id >= parts:
