@@ -8,11 +8,14 @@ journals every phase, fires the phase hooks, and on failure journals the cause a
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
+import os
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from nbckpt.engine import hooks
@@ -37,6 +40,7 @@ from nbckpt.layout import (
     METADATA_FILE,
     is_complete,
     read_metadata,
+    read_owner,
     seal_tree,
     step_dir,
     write_durable,
@@ -158,6 +162,7 @@ class SaveJob:
             if is_primary:
                 enter(Phase.FINALIZE)
                 self.journal.emit(Event.FINALIZE_STARTED)
+                self._check_still_ours(work)
                 unsynced = self.arrays.finish(work, self.snap)
                 self._write_metadata(work, unsynced)
                 self.strategy.finalize(self.root, self.step, self.op)
@@ -209,8 +214,24 @@ class SaveJob:
         self.sync.barrier(self.op, name, timeout_s=self.timeout_s)
         self.journal.emit(Event.BARRIER_EXIT, name=name)
 
+    def _check_still_ours(self, work: Location) -> None:
+        """Raise if the working directory vanished, or is no longer this save's.
+
+        Writers create the directories their chunks need, so a working directory
+        removed under a save would otherwise come back, without its owner record.
+        """
+        if isinstance(work, Path) and not work.is_dir():
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(work))
+        owner = read_owner(work)
+        if owner is None or owner.get("op") != self.op:
+            raise FileNotFoundError(
+                errno.ENOENT, f"{os.strerror(errno.ENOENT)} (its owner record)", str(work)
+            )
+
     def _write(self, work: Location) -> None:
         """Write this process's shards and their checksums, durably."""
+        if isinstance(work, Path) and not work.is_dir():
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(work))
         self.journal.emit(Event.WRITE_STARTED, bytes=self.snap.nbytes)
 
         def watch() -> None:
