@@ -6,8 +6,9 @@ full tree) would otherwise be read, and checked, by each of them. Two plans avoi
 - **share** (the holders are on one host and the root is a local or shared POSIX
   path): each process reads the whole leaf, which the host's page cache serves from
   one read of the disk, but checks only its share of the chunks; the job then agrees
-  that every share passed. Measured on one host, this beats exchanging the bytes:
-  a copy out of the page cache is cheaper than a trip through the collectives.
+  that every share passed. On one host a copy out of the page cache costs less than
+  a trip through the collectives (which copies each byte through the kernel twice);
+  rough runs on the 2-core test machine agreed, though too loaded to quote.
 - **split** (the holders span hosts, or the root is an object store, where every GET
   is a request of its own): the leaf is read under a *split* sharding, the target's
   with its replicated mesh axes moved onto an array dimension, so that each device
