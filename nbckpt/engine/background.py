@@ -108,6 +108,12 @@ def fail(
     return text
 
 
+def _check_exists(work: Location) -> None:
+    """Raise FileNotFoundError if a local working directory is gone (read as "vanished")."""
+    if isinstance(work, Path) and not work.is_dir():
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(work))
+
+
 @dataclass
 class SaveJob:
     """Everything the background part of one save needs."""
@@ -220,8 +226,7 @@ class SaveJob:
         Writers create the directories their chunks need, so a working directory
         removed under a save would otherwise come back, without its owner record.
         """
-        if isinstance(work, Path) and not work.is_dir():
-            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(work))
+        _check_exists(work)
         owner = read_owner(work)
         if owner is None or owner.get("op") != self.op:
             raise FileNotFoundError(
@@ -230,8 +235,7 @@ class SaveJob:
 
     def _write(self, work: Location) -> None:
         """Write this process's shards and their checksums, durably."""
-        if isinstance(work, Path) and not work.is_dir():
-            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(work))
+        _check_exists(work)
         self.journal.emit(Event.WRITE_STARTED, bytes=self.snap.nbytes)
 
         def watch() -> None:
