@@ -442,6 +442,37 @@ def states_table(rows: Sequence[StateRow], processes: int, reps: int) -> list[st
     return lines
 
 
+def size_targets(sizes: Sequence[SizeResult]) -> list[Target]:
+    """The small-save, large-save and memory targets, over every ``fsdp`` size."""
+    small, large = min(sizes, key=lambda s: s.nbytes), max(sizes, key=lambda s: s.nbytes)
+    mid = min(sizes, key=lambda s: abs(s.nbytes - (1 << 30)))
+
+    def rate(s: SizeResult) -> float:
+        return gbps(s.nbytes, med(s.nb_commit))
+
+    peak = max(max(s.nb_peak) / s.owned for s in sizes)
+    return [
+        Target(
+            f"durable save vs raw tensorstore at {fmt_size(small.nbytes)}",
+            ratio(rate(small), gbps(small.nbytes, med(small.raw_write))),
+            ">= 0.8x",
+            rate(small) >= 0.8 * gbps(small.nbytes, med(small.raw_write)),
+        ),
+        Target(
+            f"durable save GB/s at {fmt_size(large.nbytes)} / at {fmt_size(mid.nbytes)}",
+            ratio(rate(large), rate(mid)),
+            ">= 0.9x",
+            rate(large) >= 0.9 * rate(mid),
+        ),
+        Target(
+            f"peak memory / owned bytes, {fmt_size(small.nbytes)} to {fmt_size(large.nbytes)}",
+            f"{peak:.2f}",
+            "<= 1.1",
+            peak <= 1.1,
+        ),
+    ]
+
+
 def replicated_target(rows: Sequence[StateRow], headline: SizeResult) -> Target:
     """Replicated restore over sharded restore of the same bytes, nearest the headline."""
     paired = [(s, ref) for s, ref in rows if s.layout == "replicated" and ref is not None]
@@ -597,7 +628,12 @@ def report(
             maybe(gbps(n, nb_r) >= 3 * gbps(n, ob_r)),
         ),
         Target("save blocks vs Orbax", ratio(nb_b, ob_b), "<= 1x", maybe(nb_b <= ob_b)),
-        Target("barrier round trip", f"{nb_bar * 1e3:.2f} ms", "<= 1 ms", nb_bar <= 1e-3),
+        Target(
+            "barrier round trip vs the service's `wait_at_barrier`",
+            f"{nb_bar * 1e3:.2f} ms vs {wab * 1e3:.2f} ms",
+            "<= 1x",
+            nb_bar <= wab,
+        ),
         Target(
             "journal + tailer overhead",
             f"{num(jo_pct, '+.1f')} %",
@@ -612,6 +648,7 @@ def report(
             None if spread != spread else spread <= 10,
         ),
         replicated_target(states, headline),
+        *size_targets(sizes),
     ]
     lines.append(f"### Targets (at {fmt_size(n)})")
     lines.append("")

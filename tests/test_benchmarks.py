@@ -75,6 +75,13 @@ def test_compare_quick_reports_every_measure(tmp_path):
     target = rf"\| replicated restore / sharded restore \| {RATIO} \| <= 1\.3x \| (yes|NO) \|"
     assert re.search(target, report)
     assert "replicated restore / sharded restore" in lines[-1]
+    for name in (
+        r"durable save vs raw tensorstore at 8 MiB",
+        r"durable save GB/s at 16 MiB / at 16 MiB",
+        r"peak memory / owned bytes, 8 MiB to 16 MiB",
+        r"barrier round trip vs the service's `wait_at_barrier`",
+    ):
+        assert re.search(rf"\| {name} \| [^|]+ \| [<>]= [\d.]+x? \| (yes|NO) \|", report), name
     assert not list(tmp_path.glob("nbckpt-compare-*")), "the scratch directory was left behind"
 
 
