@@ -671,6 +671,10 @@ def summary(headline: SizeResult, targets: list[Target]) -> str:
     return f"SUMMARY ({fmt_size(headline.nbytes)}): {parts}; targets met {met}/{judged}"
 
 
+#: In the report, the line after which the text is written by hand: a new run keeps it.
+KEEP_MARK = "<!-- compare.py keeps what follows: other benchmarks and notes, by hand -->"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the comparison, print it, write RESULTS.md and print the summary line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -799,7 +803,10 @@ def main(argv: list[str] | None = None) -> int:
     text = "\n".join(head + tables)
     print(text)
     if out is not None:
-        out.write_text(text + "\n", encoding="utf-8")
+        # What follows the marker (other benchmarks, notes) is written by hand: keep it.
+        kept = out.read_text(encoding="utf-8").partition(KEEP_MARK) if out.exists() else ()
+        tail = f"\n{KEEP_MARK}{kept[2]}" if kept and kept[1] else ""
+        out.write_text(text + "\n" + tail, encoding="utf-8")
         log(f"wrote {out}")
     print(summary(headline, targets))
     return 0
