@@ -102,19 +102,14 @@ def _processes_per_shard(sharding: jax.sharding.Sharding, shape: tuple[int, ...]
     return min(len(p) for p in held.values()) if held else 1
 
 
-def verify_shares(
-    sharding: jax.sharding.Sharding, shape: tuple[int, ...], me: int
-) -> dict[Box, tuple[int, int]]:
+def verify_shares(held: dict[Box, list[int]], me: int) -> dict[Box, tuple[int, int]]:
     """For each region ``me`` holds with other processes: (its rank, their number).
 
-    The holders of a region all read it whole; the one of rank ``r`` among ``n``
-    checks the chunks at positions ``r``, ``r + n``, ... of the read.
+    ``held`` is :func:`holders` of the leaf. The holders of a region all read it whole;
+    the one of rank ``r`` among ``n`` checks the chunks at positions ``r``, ``r + n``,
+    ... of the read.
     """
-    return {
-        box: (ps.index(me), len(ps))
-        for box, ps in holders(sharding, shape).items()
-        if me in ps and len(ps) > 1
-    }
+    return {box: (ps.index(me), len(ps)) for box, ps in held.items() if me in ps and len(ps) > 1}
 
 
 def split_sharding(

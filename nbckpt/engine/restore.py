@@ -172,22 +172,23 @@ def restore_step(
     gathered: dict[int, jax.sharding.Sharding] = {}
     shared: list[int] = []
 
-    def plan(sharding: jax.sharding.Sharding | None, m: dict[str, Any]) -> dict[str, Any]:
+    def plan(sharding: jax.sharding.Sharding | None, m: dict[str, Any]) -> tuple[Any, Any]:
         """How to read a leaf: the sharding to read it under, and the checks' shares."""
         if job is None or sharding is None or m["kind"] == "scalar":
-            return {"sharding": sharding}
+            return sharding, None
         shape, itemsize = tuple(m["shape"]), np.dtype(m["dtype"]).itemsize
-        together = [ps for ps in holders(sharding, shape).values() if len(ps) > 1]
+        held = holders(sharding, shape)
+        together = [ps for ps in held.values() if len(ps) > 1]
         if not together or math.prod(shape) * itemsize < 2 * MIN_SPLIT_BYTES:
-            return {"sharding": sharding}
+            return sharding, None
         if job.local_root and job.one_host(p for ps in together for p in ps):
             shared.append(len(leaves))
-            return {"sharding": sharding, "shares": verify_shares(sharding, shape, me)}
+            return sharding, verify_shares(held, me)
         split = split_sharding(sharding, shape, itemsize) if can_exchange() else None
         if split is None:
-            return {"sharding": sharding}
+            return sharding, None
         gathered[len(leaves)] = sharding
-        return {"sharding": split}
+        return split, None
 
     if journal is not None:
         journal.emit(Event.READ_STARTED)
@@ -196,10 +197,8 @@ def restore_step(
         paths: list[tuple[PathEntry, ...]] = []
         for m in meta["leaves"]:
             sharding = default_sharding(m) if m["kind"] == "jax" else None
-            how = plan(sharding, m)
-            leaves.append(
-                LeafRead(source, m, how["sharding"], None, sums(m), shares=how.get("shares"))
-            )
+            read_as, shares = plan(sharding, m)
+            leaves.append(LeafRead(source, m, read_as, None, sums(m), shares=shares))
             paths.append(tuple((k, v) for k, v in m["path"]))
     else:
         flat, treedef = jax.tree_util.tree_flatten_with_path(target)
@@ -214,10 +213,8 @@ def restore_step(
             sharding, shape, dtype = target_parts(t)
             check_shape(name, m.get("shape", ()), shape)
             check_dtype(name, m.get("dtype"), dtype, cast)
-            how = plan(sharding, m)
-            leaves.append(
-                LeafRead(source, m, how["sharding"], dtype, sums(m), shares=how.get("shares"))
-            )
+            read_as, shares = plan(sharding, m)
+            leaves.append(LeafRead(source, m, read_as, dtype, sums(m), shares=shares))
     read_all(leaves)
     values = [leaf.result() for leaf in leaves]
     if gathered or shared:
