@@ -4,6 +4,11 @@ Every engine is one JAX process. Its rank is its position among the engine ids, 
 process 0 hosts the coordination service. The notebook never imports jax, nor any of
 ``nbckpt.engine``: engine functions are sent by name (:func:`remote`) and imported on
 the engines, as :mod:`nbckpt.procgroup` does for its workers.
+
+The engines nbckpt starts locally or over ssh run :func:`engine_main`, which imports
+:data:`PRELOAD` (jax, tensorstore, nbckpt's engine) in a background thread while the
+engine starts and registers, so that joining the JAX job does not begin with a second
+of imports on every engine.
 """
 
 from __future__ import annotations
@@ -12,10 +17,13 @@ import contextlib
 import functools
 import importlib
 import json
+import os
 import re
 import shlex
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,17 +36,22 @@ from nbckpt.netaddr import is_loopback, route_address
 __all__ = [
     "AGENT",
     "ENGINE_DIED",
+    "ENGINE_MAIN",
     "LAUNCHERS",
+    "PRELOAD",
     "PROCESS",
     "ClusterError",
     "ClusterGoneError",
     "JaxCluster",
     "call",
+    "clusters_dir",
     "connection_files",
-    "which_cluster",
     "engine_errors",
+    "engine_main",
     "errors_by_process",
+    "preload_report",
     "remote",
+    "which_cluster",
 ]
 
 #: The engine-side modules the notebook calls into, by name only.
@@ -46,6 +59,19 @@ AGENT = "nbckpt.engine.agent"
 PROCESS = "nbckpt.engine.process"
 HOST_INFO = "nbckpt.netaddr:host_info"
 RELAY = "nbckpt.engine.relay"
+#: Engine-side functions of this module, which the engines have imported already.
+_PROBE = "nbckpt.cluster:_probe_engine"
+_JOIN = "nbckpt.cluster:_join_engine"
+
+#: What the engines nbckpt starts import in a background thread while they start and
+#: register (:func:`engine_main`): all that joining the JAX job and the first save
+#: need. Imports only: none of them touches a device, since JAX's backends must not
+#: exist before ``jax.distributed.initialize``.
+PRELOAD = ("jax", "tensorstore", PROCESS, AGENT, RELAY)
+
+#: ``python -c`` code of the engines nbckpt starts locally and over ssh, in place of
+#: ipyparallel's ``python -m ipyparallel.engine``.
+ENGINE_MAIN = "from nbckpt.cluster import engine_main; engine_main()"
 
 #: How engines can be started: ipyparallel's engine launchers, by the names it uses.
 LAUNCHERS = ("local", "ssh", "mpi", "slurm")
@@ -75,6 +101,122 @@ def remote(ref: str) -> Callable[..., Any]:
     pickles :func:`call` by reference to this module, which needs no jax.
     """
     return functools.partial(call, ref)
+
+
+# -- engine side: the early imports, the probe and the join -----------------------------
+
+#: What the background import of this engine did (see :func:`preload_report`).
+_preload: dict[str, Any] = {}
+_preload_thread: threading.Thread | None = None
+
+
+def _run_preload() -> None:
+    began = time.perf_counter()
+    _preload.update(started=True, jax_before="jax" in sys.modules, error=None)
+    try:
+        for name in PRELOAD:
+            importlib.import_module(name)
+    except BaseException as e:  # the join imports them again, and reports what fails
+        _preload["error"] = f"{type(e).__name__}: {_short(str(e))}"
+    finally:
+        _preload["seconds"] = time.perf_counter() - began
+
+
+def engine_main() -> None:
+    """Run an ipyparallel engine that imports :data:`PRELOAD` in the background meanwhile.
+
+    Engine-side: what the engines nbckpt starts locally and over ssh run (``python -c``
+    :data:`ENGINE_MAIN`, with ipyparallel's engine arguments after it). An engine spends
+    its start mostly waiting (for the controller, its registration, the first
+    heartbeat), and the imports use that time. The engine's own modules are imported
+    first, so that the two threads import different modules, but for a few of the
+    standard library's (Python's import locks make those safe); the join waits for
+    the thread to end before it imports anything (see :func:`preload_report`).
+    """
+    global _preload_thread
+    from ipyparallel.engine.app import main
+
+    _preload_thread = threading.Thread(target=_run_preload, name="nbckpt-preload", daemon=True)
+    _preload_thread.start()
+    _await_url_file(sys.argv)
+    main()
+
+
+def _await_url_file(argv: list[str]) -> None:
+    """Wait until the controller's engine connection file exists and parses.
+
+    A local engine starts beside the controller and reads that file once it exists;
+    the controller creates it before it writes it, so an engine that read it in between
+    would die on half a file. Engines given ``$IPP_CONNECTION_INFO`` (ssh) read no file.
+    """
+    if os.environ.get("IPP_CONNECTION_INFO") or not os.environ.get("IPP_PROFILE_DIR"):
+        return
+    wait = [a.split("=", 1)[1] for a in argv if a.startswith("--IPEngine.wait_for_url_file=")]
+    deadline = time.monotonic() + (float(wait[-1]) if wait else 30.0)
+    cluster_id = os.environ.get("IPP_CLUSTER_ID")
+    name = f"ipcontroller-{cluster_id}-engine.json" if cluster_id else "ipcontroller-engine.json"
+    path = Path(os.environ["IPP_PROFILE_DIR"]) / "security" / name
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError):
+            json.loads(path.read_text())
+            return
+        time.sleep(0.02)
+    # Past the deadline the engine itself says which file never came.
+
+
+def preload_report() -> dict[str, Any]:
+    """Engine-side: what this engine's early import of :data:`PRELOAD` did.
+
+    Returns
+    -------
+    dict
+        ``started``: whether the imports began here, False for an engine that did not
+        start with :func:`engine_main` (one you started yourself). If they did,
+        ``jax_before`` (whether jax was imported before they began, which would leave
+        them nothing to do), ``error`` (None, or the import's error) and ``seconds``
+        (how long they took). After the join, ``jax_at_join`` (whether jax was in
+        ``sys.modules`` when the join began) and ``waited_s`` (how long the join
+        waited for the imports to end).
+    """
+    return {"started": False, **_preload}
+
+
+def _free_port(host: str) -> int:
+    """A TCP port free now on ``host``: where process 0's coordination service will bind."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _probe_engine(toward: str, bind: str | None) -> dict[str, Any]:
+    """Engine-side: :func:`~nbckpt.netaddr.host_info`, plus a port free on this host.
+
+    The port is for the coordination service in case this engine becomes process 0:
+    picked on ``bind``, or (None) on this host's address toward ``toward``. It needs no
+    jax, so it answers at once while the early imports go on.
+    """
+    from nbckpt.netaddr import host_info
+
+    info = host_info(toward)
+    with contextlib.suppress(OSError):
+        info["port"] = _free_port(bind or info["address"] or "127.0.0.1")
+    return info
+
+
+def _join_engine(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    """Engine-side: :func:`nbckpt.engine.process.initialize`, once the early imports end.
+
+    Waiting for them first means that no module is imported by two threads at once.
+    Returns initialize's :func:`~nbckpt.engine.process.info` with ``preload_wait_s``.
+    """
+    began = time.perf_counter()
+    _preload["jax_at_join"] = "jax" in sys.modules
+    if _preload_thread is not None:
+        _preload_thread.join(kwargs.get("timeout_s"))
+    waited = _preload["waited_s"] = time.perf_counter() - began
+    from nbckpt.engine.process import initialize
+
+    return {**initialize(*args, **kwargs), "preload_wait_s": waited}
 
 
 def _short(text: str) -> str:
@@ -191,6 +333,7 @@ class JaxCluster:
     timings: dict[str, float] = field(default_factory=dict)
     _view: Any = field(default=None, init=False, repr=False)
     _px_active: bool = field(default=False, init=False, repr=False)
+    _registered: tuple[Path, str] | None = field(default=None, init=False, repr=False)
 
     @property
     def ranks(self) -> dict[int, int]:
@@ -250,6 +393,10 @@ class JaxCluster:
         The controller listens on :attr:`controller_ip` (127.0.0.1 for local engines)
         with a 0.5 s heartbeat, so engines register in about 3 s instead of about 7.
         The cluster gets a fresh id (:attr:`cluster_id`), which ``attach`` asks for.
+        Local and ssh engines import jax and nbckpt's engine while they start
+        (:func:`engine_main`). :attr:`timings` records ``engines_s`` (until every
+        engine registered), ``jax_init_s`` (the join), ``preload_wait_s`` (the longest
+        any engine's join waited for those imports to end) and ``ready_s``.
 
         Parameters
         ----------
@@ -287,9 +434,12 @@ class JaxCluster:
         self.cluster_id = self.cluster.cluster_id
         try:
             try:
-                # Not start_and_connect: its wait knows no hosts, and says nothing while
-                # it waits; ours names them.
-                self.cluster.start_cluster_sync()
+                # Not start_cluster: it sleeps a second between the controller and the
+                # engines, which wait for the controller's connection files anyway. Not
+                # start_and_connect: its wait knows no hosts, and says nothing while it
+                # waits; ours names them.
+                self.cluster.start_controller_sync()
+                self.cluster.start_engines_sync(**self._engine_kwargs(timeout_s))
                 self.client = self.cluster.connect_client_sync()
             except Exception as e:
                 failed = _called_process_error(e)
@@ -298,9 +448,8 @@ class JaxCluster:
                 raise self._launch_failed(failed) from None
             self._wait_for_engines(timeout_s, report)
             self.timings["engines_s"] = time.perf_counter() - t0
-            self._place_engines(timeout_s)
-            self._join(timeout_s)
-            self._start_relays(timeout_s)
+            port = self._place_engines(timeout_s)
+            self._join(timeout_s, port, relays=True)
         except BaseException:
             self.stop()
             raise
@@ -323,8 +472,6 @@ class JaxCluster:
                     f"reaches ({e}); pass --controller-ip with this machine's address on "
                     "the hosts' network"
                 ) from None
-        import socket
-
         with contextlib.suppress(OSError):
             address = socket.gethostbyname(socket.gethostname())
             if self.engines == "mpi" or not is_loopback(address):
@@ -409,11 +556,42 @@ class JaxCluster:
         options = [*(["-F", self.ssh_config] if self.ssh_config else []), *SSH_OPTIONS]
         config = Config()
         launcher = config.SSHEngineSetLauncher
-        launcher.engines = counts
+        # The engines get the connection info in $IPP_CONNECTION_INFO, so the files are
+        # not copied: one scp fewer per host, and where the hosts share this home (NFS)
+        # the copy would overwrite the controller's own file with itself.
+        launcher.engines = {host: {"n": n, "to_send": []} for host, n in counts.items()}
         launcher.remote_python = self.python or sys.executable
         launcher.ssh_args = list(options)
         launcher.scp_args = list(options)
         return config
+
+    def _engine_kwargs(self, timeout_s: float) -> dict[str, Any]:
+        """How ipyparallel starts the engines: local and ssh ones with :func:`engine_main`.
+
+        Unless the profile's config gives those engines a command of its own; mpi and
+        slurm engines keep the command the profile gives them (``python -m
+        ipyparallel.engine`` by default) and import jax at the join. Local engines
+        also start with the controller, not after it: they wait for its connection
+        file themselves, for up to ``timeout_s``.
+        """
+        launcher = self.cluster.engine_launcher_class
+        config = self.cluster.config
+
+        def configured(trait: str) -> bool:
+            return any(f"{k.__name__}.{trait}" in config for k in launcher.mro())
+
+        if self.engines not in ("local", "ssh") or configured("engine_cmd"):
+            return {}
+        if self.engines == "ssh":
+            return {"engine_cmd": [self.python or sys.executable, "-c", ENGINE_MAIN]}
+        self.cluster.send_engines_connection_env = False
+        wait = f"--IPEngine.wait_for_url_file={timeout_s:g}"
+        kwargs: dict[str, Any] = {"engine_cmd": [sys.executable, "-c", ENGINE_MAIN, wait]}
+        if not configured("delay"):
+            # ipyparallel waits 0.1 s between local engines so that their ids come in
+            # order; nbckpt orders them itself.
+            kwargs["delay"] = 0.0
+        return kwargs
 
     def _launch_failed(self, e: subprocess.CalledProcessError) -> ClusterError:
         """One line for a launch command that failed (ssh, mpiexec, sbatch)."""
@@ -506,10 +684,27 @@ class JaxCluster:
             "(--controller-ip) and have nbckpt installed; the cluster was stopped"
         )
 
-    def _place_engines(self, timeout_s: float) -> None:
-        """Put the engines in process order: with ssh, the order of ``hosts``."""
+    def _place_engines(self, timeout_s: float) -> int | None:
+        """Put the engines in process order (with ssh, the order of ``hosts``).
+
+        Returns a port free now on process 0's host, at :attr:`coordinator_host`, for
+        the coordination service (None if there is none). Local engines that this
+        cluster started run on this machine, so they are not asked: their order is
+        their ids', and the port is picked here.
+        """
         ids = sorted(self.client.ids)[: self.n]
-        answers = self._ask(ids, HOST_INFO, self.controller_ip or "127.0.0.1", timeout_s=timeout_s)
+        if self.engines == "local" and self.cluster is not None:
+            self.engine_ids = ids
+            self.engine_hosts = [socket.gethostname()] * len(ids)
+            self.coordinator_host = self.coordinator_host or "127.0.0.1"
+            with contextlib.suppress(OSError):
+                return _free_port(self.coordinator_host)
+            return None
+        # Every engine picks a port, where it would bind as process 0: the order, and
+        # with it process 0, is known only from the answers.
+        bind = self.coordinator_host or ("127.0.0.1" if self.engines == "local" else None)
+        toward = self.controller_ip or "127.0.0.1"
+        answers = self._ask(ids, _PROBE, toward, bind, timeout_s=timeout_s)
         infos = {}
         for eid, (ok, info) in zip(ids, answers, strict=True):
             if not ok:  # an engine that does not answer now will not join
@@ -525,10 +720,12 @@ class JaxCluster:
             ids = order
         self.engine_ids = ids
         self.engine_hosts = [str(infos[e]["host"]) for e in ids]
+        first = infos[ids[0]]
         if self.coordinator_host is None:
-            first = infos[ids[0]].get("address")
-            local = self.engines == "local" or first is None
-            self.coordinator_host = "127.0.0.1" if local else str(first)
+            local = self.engines == "local" or first.get("address") is None
+            self.coordinator_host = "127.0.0.1" if local else str(first["address"])
+        port = first.get("port")
+        return None if port is None else int(port)
 
     def _engine_on(self, host: str, free: list[int], infos: dict[int, Any]) -> int:
         """The engine of ``free`` on ``host``: by its own name, else the address ssh dials.
@@ -596,32 +793,41 @@ class JaxCluster:
         )
         if self.n == 0:
             raise ClusterError("the ipyparallel cluster has no engines; start some first")
-        self._place_engines(timeout_s)
+        port = self._place_engines(timeout_s)
         states = self.apply(_safe_info, what="probe", timeout_s=timeout_s)
         if not any(s is not None and s.get("initialized") for s in states):
-            self._join(timeout_s)
-        self._start_relays(timeout_s)
+            self._join(timeout_s, port, relays=True)
+        else:
+            self._use_relays(self._ask_relays(), timeout_s)
         return self
 
-    def _start_relays(self, timeout_s: float) -> None:
-        """On engines of other hosts, start the read services the notebook reads through.
+    def _ask_relays(self) -> tuple[bytes, list[Any]] | None:
+        """Ask engines of other hosts to start the read services the notebook reads through.
 
         The hosts see the checkpoint storage; this machine may not (see
-        :mod:`nbckpt.reads`). Engines on this machine need none.
+        :mod:`nbckpt.reads`). Engines on this machine need none (None). Returns the key
+        and the requests, for :meth:`_use_relays`.
         """
         import os
-        import socket
-
-        from nbckpt import reads
 
         if all(host == socket.gethostname() for host in self.engine_hosts):
-            return
+            return None
         key = os.urandom(32)
         toward = self.controller_ip or "127.0.0.1"
-        addresses = self.apply(
-            f"{RELAY}:serve", key, toward, what="starting the read service", timeout_s=timeout_s
-        )
-        self.relay = reads.Relay(addresses, key, self.engine_hosts)
+        return key, self._send(self.engine_ids, f"{RELAY}:serve", key, toward)
+
+    def _use_relays(self, asked: tuple[bytes, list[Any]] | None, timeout_s: float) -> None:
+        """Wait for the read services :meth:`_ask_relays` asked for; read through them."""
+        if asked is None:
+            return
+        from nbckpt import reads
+
+        key, pending = asked
+        outcomes = self._collect(pending, timeout_s)
+        errors = {rank: res for rank, (ok, res) in enumerate(outcomes) if not ok}
+        if errors:
+            raise errors_by_process("starting the read service", errors)
+        self.relay = reads.Relay([res for _ok, res in outcomes], key, self.engine_hosts)
         reads.use(self.relay)  # the notebook's reads go there until this cluster stops
 
     def apply_each(
@@ -650,11 +856,21 @@ class JaxCluster:
         **kwargs: Any,
     ) -> list[tuple[bool, Any]]:
         """Run ``fn`` on the engines ``ids`` at once; per engine, as :meth:`apply_each`."""
-        import ipyparallel as ipp
+        return self._collect(self._send(ids, fn, *args, **kwargs), timeout_s)
 
+    def _send(
+        self, ids: list[int], fn: str | Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> list[Any]:
+        """Send ``fn`` to the engines ``ids`` without waiting; their AsyncResults."""
         if isinstance(fn, str):
             fn = remote(fn)
-        pending = [self.client[eid].apply_async(fn, *args, **kwargs) for eid in ids]
+        return [self.client[eid].apply_async(fn, *args, **kwargs) for eid in ids]
+
+    @staticmethod
+    def _collect(pending: list[Any], timeout_s: float | None) -> list[tuple[bool, Any]]:
+        """Wait for AsyncResults; per engine, ``(True, result)`` or ``(False, text)``."""
+        import ipyparallel as ipp
+
         out: list[tuple[bool, Any]] = []
         for ar in pending:
             try:
@@ -662,7 +878,7 @@ class JaxCluster:
             except (ipp.error.RemoteError, ipp.error.EngineError) as e:
                 out.append((False, _error_text(e)))
             except ipp.error.TimeoutError:
-                out.append((False, f"no answer within {timeout_s} s"))
+                out.append((False, f"no answer within {timeout_s:g} s"))
         return out
 
     def apply(
@@ -689,23 +905,28 @@ class JaxCluster:
             raise errors_by_process(what, errors)
         return [res for _ok, res in outcomes]
 
-    def _join(self, timeout_s: float) -> None:
+    def _join(self, timeout_s: float, port: int | None, relays: bool = False) -> None:
         """Prepare every engine as one JAX process of the job, all at once.
 
         Each runs :func:`nbckpt.engine.process.initialize`, the same setup a
-        :class:`~nbckpt.procgroup.ProcessGroup` worker runs.
+        :class:`~nbckpt.procgroup.ProcessGroup` worker runs, once its early imports
+        ended (:func:`engine_main`); process 0's coordination service binds ``port``.
+        With ``relays``, the read services are asked for in the same breath
+        (:meth:`_ask_relays`): each engine starts its own right after its join, with
+        no round trip of its own.
         """
-        import ipyparallel as ipp
-
         t0 = time.perf_counter()
-        host = self.coordinator_host or "127.0.0.1"
-        first = self.client[self.engine_ids[0]]
-        # Picked on process 0's engine: the port must be free where the service binds.
-        port = first.apply_sync(remote(f"{PROCESS}:pick_port"), host)
-        self.coordinator = f"{host}:{port}"
-        pending = [
+        if port is None:
+            raise ClusterError(
+                f"process 0 (on {self.engine_hosts[0]}) cannot bind the coordination "
+                f"service to {self.coordinator_host}: not an address of that host, or no "
+                f"port free there; pass --coordinator-host with an address of "
+                f"{self.engine_hosts[0]}"
+            )
+        self.coordinator = f"{self.coordinator_host}:{port}"
+        joining = [
             self.client[eid].apply_async(
-                remote(f"{PROCESS}:initialize"),
+                remote(_JOIN),
                 rank,
                 len(self.engine_ids),
                 self.coordinator,
@@ -716,14 +937,9 @@ class JaxCluster:
             )
             for rank, eid in enumerate(self.engine_ids)
         ]
-        errors: dict[int, str] = {}
-        for rank, ar in enumerate(pending):
-            try:
-                ar.get(timeout=timeout_s)
-            except (ipp.error.RemoteError, ipp.error.EngineError) as e:
-                errors[rank] = _error_text(e)
-            except ipp.error.TimeoutError:
-                errors[rank] = f"no answer within {timeout_s:g} s"
+        asked = self._ask_relays() if relays else None
+        outcomes = self._collect(joining, timeout_s)
+        errors = {rank: res for rank, (ok, res) in enumerate(outcomes) if not ok}
         if errors:
             raise ClusterError(
                 f"jax.distributed.initialize failed on {by_process(errors)}; a JAX process "
@@ -731,6 +947,9 @@ class JaxCluster:
                 sorted(errors),
             )
         self.timings["jax_init_s"] = time.perf_counter() - t0
+        waits = [float(res.get("preload_wait_s", 0.0)) for _ok, res in outcomes]
+        self.timings["preload_wait_s"] = max(waits, default=0.0)
+        self._use_relays(asked, timeout_s)
 
     def dead_processes(self) -> list[int]:
         """The processes whose engine is gone, as the ipyparallel controller sees it.
@@ -799,11 +1018,66 @@ class JaxCluster:
                 "it (%ckpt_cluster stop), start engines as you did before, then attach"
             )
         px = self._px_active
+        root = self._registered[1] if self._registered else None
         self.stop()
         self.start(timeout_s)
         if px:
             self.activate_px()
+        self.register_root(root)  # the new cluster has a new id, and a new record
         return self
+
+    def register_root(self, root: str | None) -> Path | None:
+        """Note ``root`` as this cluster's checkpoint root, for the Jupyter server's sidebar.
+
+        Writes a small JSON record (``root``, ``pid``, ``host``, ``profile``,
+        ``cluster_id``, ``time``) into :func:`clusters_dir`, replacing this cluster's
+        previous one; :meth:`stop` removes it, and the server ignores a record whose
+        process is gone. Best effort: a runtime folder that cannot be written only
+        leaves the sidebar without this root.
+
+        Parameters
+        ----------
+        root
+            The root as the client resolved it (an absolute path or a URL); None
+            registers nothing.
+
+        Returns
+        -------
+        Path or None
+            The record written, if any.
+        """
+        self.unregister_root()
+        if root is None:
+            return None
+        pid = os.getpid()
+        record = {
+            "root": root,
+            "pid": pid,
+            "host": socket.gethostname(),
+            "profile": self.profile,
+            "cluster_id": self.cluster_id,
+            "time": time.time(),
+        }
+        name = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{pid}-{self.cluster_id or ''}")
+        try:
+            folder = clusters_dir()
+            folder.mkdir(parents=True, exist_ok=True)
+            path = folder / f"{name}.json"
+            # Written aside and renamed, so the server never reads half a record.
+            tmp = folder / f".{name}.tmp"
+            tmp.write_text(json.dumps(record))
+            os.replace(tmp, path)
+        except OSError:
+            return None
+        self._registered = (path, root)
+        return path
+
+    def unregister_root(self) -> None:
+        """Remove the record :meth:`register_root` wrote, if there is one."""
+        if self._registered is not None:
+            with contextlib.suppress(OSError):
+                self._registered[0].unlink()
+            self._registered = None
 
     def status(self) -> list[dict[str, Any]]:
         """Each engine's report (process, devices, host, checkpointers), in rank order."""
@@ -818,6 +1092,7 @@ class JaxCluster:
             Seconds it took.
         """
         t0 = time.perf_counter()
+        self.unregister_root()
         # Teardown goes on whatever state the engines are in: each step is best effort.
         if self.client is not None and self.engine_ids:
             # Engines may exit as the coordination service goes away; that is the end
@@ -847,6 +1122,18 @@ class JaxCluster:
         self._px_active = False
         self.timings["stop_s"] = time.perf_counter() - t0
         return self.timings["stop_s"]
+
+
+def clusters_dir() -> Path:
+    """Where notebooks note the checkpoint roots of their running clusters.
+
+    ``<Jupyter runtime dir>/nbckpt/clusters``, one JSON record per running cluster
+    (:meth:`JaxCluster.register_root`). The Jupyter server that runs the kernel shares
+    that runtime folder, and its sidebar offers those roots (:mod:`nbckpt.server.roots`).
+    """
+    from jupyter_core.paths import jupyter_runtime_dir
+
+    return Path(jupyter_runtime_dir()) / "nbckpt" / "clusters"
 
 
 def _called_process_error(exc: BaseException | None) -> subprocess.CalledProcessError | None:
@@ -923,8 +1210,6 @@ def _controller_address(path: Path) -> str | None:
 
 def _resolve(name: str) -> str | None:
     """The IPv4 address ``name`` resolves to here, or None."""
-    import socket
-
     try:
         return socket.gethostbyname(name)
     except OSError:

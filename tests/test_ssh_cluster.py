@@ -92,6 +92,9 @@ def test_ssh_start_on_three_hosts_save_then_restore_on_two(ip, hosts, tmp_path, 
         assert "3 JAX processes ready" in out and " on h0, h1, h2 " in out
         assert f"cluster id {cluster.cluster_id}" in out
         assert cluster.engine_hosts == ["h0", "h1", "h2"]
+        # The engines ssh started imported jax while they started, before the join.
+        early = cluster.apply("nbckpt.cluster:preload_report", what="preload report")
+        assert all(r.get("jax_before") is False and r.get("jax_at_join") for r in early), early
         # The controller listens where the hosts reach it, and only there; process 0's
         # coordination service binds host 0's address, not every interface.
         assert cluster.controller_ip == made.gateway
