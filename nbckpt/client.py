@@ -87,6 +87,13 @@ class SaveHandle:
         What is being saved where.
     blocked_s
         Per process, how long ``save`` blocked the engine (the snapshot).
+
+    Notes
+    -----
+    Its ``repr`` reads the journal each time until the save has ended (then the end
+    is kept: it cannot change). In a notebook the handle is shown by
+    :meth:`live_status`, which keeps that text current from the journal by itself,
+    so an ``Out`` cell never says ``running`` under a save that has committed.
     """
 
     op: str
@@ -96,6 +103,8 @@ class SaveHandle:
     client: CheckpointClient = field(repr=False)
     #: Whether a wait has already reported how this save ended.
     reported: bool = field(default=False, repr=False)
+    #: How the save ended, once the journal says so (it cannot change after).
+    _ended: str | None = field(default=None, init=False, repr=False)
 
     def record(self) -> OperationRecord:
         """The merged journal of this save, as it stands now (running until it appears).
@@ -111,7 +120,12 @@ class SaveHandle:
 
     def status(self) -> str:
         """:class:`~nbckpt.protocol.Status` ``RUNNING``, ``COMMITTED`` or ``FAILED``."""
-        return self.record().status
+        if self._ended is not None:
+            return self._ended
+        status = self.record().status
+        if status != Status.RUNNING:
+            self._ended = status
+        return status
 
     def done(self) -> bool:
         """Tell whether the save has committed or failed."""
@@ -164,8 +178,49 @@ class SaveHandle:
                 )
             time.sleep(poll_s)
 
+    def _text(self, status: str) -> str:
+        return f"<SaveHandle step {self.step} -> {self.root} ({self.op}): {status}>"
+
     def __repr__(self) -> str:
-        return f"<SaveHandle step {self.step} -> {self.root} ({self.op}): {self.status()}>"
+        return self._text(self.status())
+
+    def live_status(self) -> Any:
+        """Return a widget that shows this handle's ``repr``, kept current by itself.
+
+        An ``ipywidgets.Label`` whose text follows the save's journal (a
+        :class:`~nbckpt.widgets.live.LiveUpdater`, its ``live`` attribute) until the
+        save has ended; the notebook shows it instead of a ``repr`` frozen at the
+        moment the cell ended.
+        """
+        import ipywidgets
+
+        from nbckpt.monitor import JournalTailer
+        from nbckpt.widgets.live import LiveUpdater
+
+        label = ipywidgets.Label(value=repr(self))
+
+        def show(view: Any) -> None:
+            if view.status != Status.RUNNING:
+                self._ended = view.status
+            label.value = self._text(view.status)
+
+        label.live = None
+        if self._ended is None:
+            label.live = LiveUpdater(JournalTailer(self.root, self.op), show).start()
+        return label
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any] | None:
+        # In a kernel, a save still running is shown by a label that keeps up with it;
+        # elsewhere (a terminal, a finished save) the text is all there is to show.
+        from nbckpt.widgets.live import kernel_loop
+
+        if kernel_loop() is None or self.status() != Status.RUNNING:
+            return None
+        label = self.live_status()
+        bundle = label._repr_mimebundle_(**kwargs)
+        if not isinstance(bundle, dict):
+            return None
+        return {**bundle, "text/plain": label.value}
 
 
 def _failed_event(proc: ProcessRecord) -> dict[str, Any]:

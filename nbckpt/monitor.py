@@ -18,7 +18,16 @@ from typing import Any
 from nbckpt import reads, storage
 from nbckpt.journal import JournalReader, OperationRecord, ProcessRecord, merge_events
 from nbckpt.layout import ops_dir
-from nbckpt.protocol import BARRIER_PREFIX, END_EVENT, Event, Kind, Phase, Status
+from nbckpt.protocol import (
+    END_EVENT,
+    END_STATUSES,
+    Barrier,
+    Event,
+    Kind,
+    Phase,
+    Status,
+    barrier_phase,
+)
 from nbckpt.storage import Location
 
 __all__ = [
@@ -27,17 +36,40 @@ __all__ = [
     "JournalTailer",
     "OperationView",
     "ProcessView",
+    "settled",
     "view_state",
 ]
 
-# The label of the state a process is in right after each event, when no phase is open.
-_AFTER: dict[str, str] = {
-    Event.SNAPSHOT_DONE: Phase.PREPARE,
-    Event.TMP_READY: Event.TMP_READY,
-    Event.WRITE_DONE: "written",
-    Event.FINALIZED: Event.FINALIZED,
-    Event.READ_DONE: "read done",
-}
+
+def _phase_after(kind: str, event: str, name: str | None, primary: bool) -> str:
+    """The phase a process is in right after ``event``, when no span is open.
+
+    The engine enters each phase right after the event before it (see
+    :class:`nbckpt.engine.background.SaveJob`), so the phase is the protocol's word
+    for what comes next, never an event's name.
+    """
+    if kind == Kind.BARRIER:
+        return barrier_phase(name or "?")
+    if kind == Kind.RESTORE:
+        return Phase.READ
+    if event == Event.REQUESTED:
+        return Phase.SNAPSHOT
+    if event == Event.SNAPSHOT_DONE:
+        return Phase.PREPARE
+    if event in (Event.TMP_READY, Event.WRITE_STARTED):
+        return Phase.WRITE
+    if event == Event.WRITE_DONE:
+        return barrier_phase(Barrier.WRITE_COMPLETE)
+    if event == Event.FINALIZED:
+        return barrier_phase(Barrier.COMMIT_COMPLETE)
+    if event == Event.BARRIER_EXIT:
+        if name == Barrier.TMP_READY:
+            return Phase.WRITE
+        if name == Barrier.WRITE_COMPLETE:
+            return Phase.FINALIZE if primary else barrier_phase(Barrier.COMMIT_COMPLETE)
+        # Past commit_complete comes ``committed`` at once: still the barrier's phase.
+        return barrier_phase(name or "?")
+    return Phase.PREPARE
 
 
 @dataclass
@@ -73,13 +105,21 @@ class ProcessView:
     process
         The process index.
     phase
-        What it is doing now: ``not started``, ``snapshot``, ``prepare``,
-        ``barrier:<name>``, ``write``, ``finalize``, ..., or ``committed`` / ``failed``.
+        What it is doing now, in the protocol's words: ``not started``, a
+        :class:`~nbckpt.protocol.Phase` (``snapshot``, ``prepare``, ``write``,
+        ``finalize``, ``read``, ...), ``barrier:<name>``, or its end status.
     status
-        ``running``, ``committed`` (or ``restored``), ``failed``, or ``not started``
-        when it has recorded nothing yet.
+        ``running``, ``committed`` (or ``restored``), ``failed``, ``dead`` (it
+        recorded no end, and others report it died), or ``not started`` when it has
+        recorded nothing yet.
     bytes_written, bytes_total
-        Bytes of its own shards written so far, of the total it snapshotted.
+        A save: bytes of its own shards written so far, of the total it snapshotted.
+        A restore: ``bytes_total`` is what it reads.
+    bytes_read
+        A restore: bytes read and checked so far.
+    own_data
+        A save: False once its snapshot shows it has nothing of its own to write (its
+        arrays are replicas that other processes write).
     barriers
         The barriers it reached, in order.
     finalize
@@ -90,6 +130,13 @@ class ProcessView:
         The failure text and the phase it failed in.
     last_event
         Wall time of its latest event.
+    dead_reported_by
+        For a dead process: the processes that report it died.
+    note
+        Why a row looks as it does, in words, when its numbers alone would mislead:
+        the evidence that it is dead, or that it has nothing of its own to write.
+    fault
+        The fault injected into its write, as journaled (``slow-io x4``).
     """
 
     process: int
@@ -103,6 +150,11 @@ class ProcessView:
     error: str | None = None
     error_phase: str | None = None
     last_event: float | None = None
+    bytes_read: int = 0
+    own_data: bool = True
+    dead_reported_by: list[int] = field(default_factory=list)
+    note: str | None = None
+    fault: str | None = None
 
     @property
     def barrier(self) -> BarrierView | None:
@@ -114,7 +166,10 @@ class ProcessView:
 
 @dataclass
 class OperationView:
-    """Every process of one operation, as the journal stands now."""
+    """Every process of one operation, as the journal stands now.
+
+    ``name`` is a user barrier's name (None for saves and restores).
+    """
 
     op: str
     kind: str
@@ -124,6 +179,12 @@ class OperationView:
     end: float | None
     process_count: int
     processes: list[ProcessView]
+    name: str | None = None
+
+    @property
+    def settled(self) -> bool:
+        """Whether nothing more will change: see :func:`settled`."""
+        return settled(self)
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-able dict."""
@@ -134,11 +195,24 @@ def _events_at(rec: ProcessRecord, name: str) -> list[dict[str, Any]]:
     return [e for e in rec.events if e.get("event") == name]
 
 
+def _ms(t: float, t0: float | None) -> str:
+    return f"+{(t - (t0 if t0 is not None else t)) * 1e3:.0f} ms"
+
+
+def _who(processes: list[int]) -> str:
+    return ("process " if len(processes) == 1 else "processes ") + ", ".join(map(str, processes))
+
+
 def _process_view(
-    rec: ProcessRecord, kind: str, entered: dict[str, dict[int, float]], everyone: list[int]
+    rec: ProcessRecord,
+    kind: str,
+    entered: dict[str, dict[int, float]],
+    everyone: list[int],
+    primary: int | None,
 ) -> ProcessView:
     view = ProcessView(process=rec.process, phase=Status.NOT_STARTED, status=rec.status)
     view.bytes_total, view.bytes_written = rec.bytes_total, rec.bytes_written
+    view.bytes_read, view.fault = rec.bytes_read, rec.fault
     if rec.events:
         view.last_event = max(float(e.get("t", 0.0)) for e in rec.events)
     exits = {str(e.get("name")): float(e["t"]) for e in _events_at(rec, Event.BARRIER_EXIT)}
@@ -158,21 +232,39 @@ def _process_view(
         elif ev.get("event") == Event.FAILED:
             view.error = str(ev.get("error", "")) or Status.FAILED
             view.error_phase = str(ev.get("phase", "")) or None
+    if kind == Kind.SAVE and view.bytes_total == 0:
+        view.own_data = not _events_at(rec, Event.SNAPSHOT_DONE)
     if rec.status != Status.RUNNING:
         view.phase = rec.status
     elif any(s.status == Status.OPEN for s in rec.phases):
         view.phase = [s for s in rec.phases if s.status == Status.OPEN][-1].name
     elif rec.events:
         last = rec.events[-1]
-        name = str(last.get("event"))
-        if name == Event.BARRIER_EXIT:
-            view.phase = f"{BARRIER_PREFIX}{last.get('name')} released"
-        else:
-            view.phase = _AFTER.get(name, name)
-    # A save's write bar has a total from the snapshot; a restore's from read_done.
-    if kind != Kind.SAVE and view.bytes_total == 0:
-        view.bytes_total = view.bytes_written
+        named = last.get("name")
+        view.phase = _phase_after(
+            kind,
+            str(last.get("event")),
+            None if named is None else str(named),
+            rec.process == primary,
+        )
+    if rec.status == Status.DEAD:
+        view.dead_reported_by = list(rec.dead_reported_by)
     return view
+
+
+def _dead_note(p: ProcessView, t0: float | None, unreachable: bool) -> str:
+    verb = "became unreachable" if unreachable else "died"
+    since = "no event at all" if p.last_event is None else f"no event since {_ms(p.last_event, t0)}"
+    said = "reports" if len(p.dead_reported_by) == 1 else "report"
+    return f"{since}; {_who(p.dead_reported_by)} {said} it {verb}"
+
+
+def _replica_note(writers: list[int], status: str) -> str:
+    if not writers:
+        return "holds replicas only: nothing of its own to write"
+    verbs: dict[str, str] = {Status.COMMITTED: "wrote", Status.RUNNING: "writes"}
+    verb = verbs.get(status, "was to write")
+    return f"holds replicas only; {_who(writers)} {verb} its data"
 
 
 def view_state(record: OperationRecord) -> OperationView:
@@ -188,22 +280,37 @@ def view_state(record: OperationRecord) -> OperationView:
     -------
     OperationView
         One :class:`ProcessView` per process, including those that have recorded
-        nothing yet (phase ``not started``), so that a barrier can name them.
+        nothing yet (phase ``not started``), so that a barrier can name them. A
+        process the others report dead is ``dead``, with the evidence in its
+        ``note``; a save's process with nothing of its own to write says so there.
     """
-    everyone = sorted(set(range(record.process_count)) | set(record.processes))
+    everyone = sorted(set(range(record.process_count)) | set(record.processes) | set(record.dead))
     entered: dict[str, dict[int, float]] = {}
+    primary: int | None = None
     for p, rec in record.processes.items():
         for ev in _events_at(rec, Event.BARRIER_ENTER):
             entered.setdefault(str(ev.get("name")), {})[p] = float(ev["t"])
+        for ev in _events_at(rec, Event.REQUESTED):
+            if isinstance(ev.get("primary"), int):
+                primary = int(ev["primary"])
     views = []
     for p in everyone:
         found = record.processes.get(p)
         if found is None:
-            views.append(
-                ProcessView(process=p, phase=Status.NOT_STARTED, status=Status.NOT_STARTED)
-            )
+            view = ProcessView(process=p, phase=Status.NOT_STARTED, status=Status.NOT_STARTED)
+            if p in record.dead:
+                view.phase = view.status = Status.DEAD
+                view.dead_reported_by = _reporters_of(record, p)
+            views.append(view)
         else:
-            views.append(_process_view(found, record.kind, entered, everyone))
+            views.append(_process_view(found, record.kind, entered, everyone, primary))
+    writers = [v.process for v in views if v.bytes_total > 0]
+    for v in views:
+        found = record.processes.get(v.process)
+        if v.status == Status.DEAD:
+            v.note = _dead_note(v, record.start, found is not None and found.unreachable)
+        elif not v.own_data:
+            v.note = _replica_note([w for w in writers if w != v.process], record.status)
     return OperationView(
         op=record.op,
         kind=record.kind,
@@ -213,7 +320,34 @@ def view_state(record: OperationRecord) -> OperationView:
         end=record.end,
         process_count=record.process_count,
         processes=views,
+        name=record.name,
     )
+
+
+def _reporters_of(record: OperationRecord, process: int) -> list[int]:
+    """The processes whose ``failed`` event names ``process`` dead (it recorded nothing)."""
+    found = set()
+    for p, rec in record.processes.items():
+        for ev in _events_at(rec, Event.FAILED):
+            named = ev.get("dead")
+            if process in (named if isinstance(named, list) else [ev.get("culprit")]):
+                found.add(p)
+    return sorted(found)
+
+
+def settled(view: OperationView) -> bool:
+    """Whether an operation's view is final: its journal will not grow any more.
+
+    True once the operation is not running and every process that recorded anything
+    has reached an end of its own (``committed``, ``restored``, ``failed``) or is
+    ``dead`` (others report that it died). After the first failure the survivors are
+    still to record how they gave up: a view that stopped there would show them
+    waiting forever. A process that recorded nothing does not hold a failed operation
+    open: it may never start.
+    """
+    if view.status == Status.RUNNING:
+        return False
+    return all(p.status in END_STATUSES or p.status == Status.NOT_STARTED for p in view.processes)
 
 
 def barrier_report_view(
@@ -227,7 +361,13 @@ def barrier_report_view(
     n = len(entered)
     events = {
         p: [
-            {"t": t, "event": Event.REQUESTED, "kind": Kind.BARRIER, "process_count": n},
+            {
+                "t": t,
+                "event": Event.REQUESTED,
+                "kind": Kind.BARRIER,
+                "process_count": n,
+                "name": name,
+            },
             {"t": t, "event": Event.BARRIER_ENTER, "name": name},
             {"t": left[p], "event": Event.BARRIER_EXIT, "name": name},
             {"t": left[p], "event": END_EVENT[Kind.BARRIER]},

@@ -26,6 +26,7 @@ __all__ = [
     "BARRIERS",
     "DEFAULT_BARRIER_TIMEOUT_S",
     "DEFAULT_SAVE_TIMEOUT_S",
+    "END_STATUSES",
     "FORMATS",
     "MODES",
     "NBCKPT_FORMAT",
@@ -33,6 +34,7 @@ __all__ = [
     "PHASES",
     "READ_BARRIER",
     "SPANS",
+    "SPANS_BY_KIND",
     "Barrier",
     "Cause",
     "Event",
@@ -101,8 +103,9 @@ BARRIERS: Final[tuple[str, ...]] = tuple(Barrier)
 class Event(StrEnum):
     """The events a process journals, in the order a successful save emits them.
 
-    Restores use ``requested``, ``read_started``, ``read_done`` and ``restored``;
-    ``write_progress`` repeats while shards are written.
+    Restores use ``requested``, ``read_started``, ``read_progress``, ``read_done`` and
+    ``restored``; ``write_progress`` repeats while shards are written, and
+    ``read_progress`` while a restore reads them (``bytes`` done of ``total``).
     """
 
     REQUESTED = "requested"
@@ -118,12 +121,14 @@ class Event(StrEnum):
     COMMITTED = "committed"
     FAILED = "failed"
     READ_STARTED = "read_started"
+    READ_PROGRESS = "read_progress"
     READ_DONE = "read_done"
     RESTORED = "restored"
 
 
-#: (start event, end event, phase) of each span a view draws; barrier waits are
-#: paired by their ``name`` field instead.
+#: (start event, end event, phase) of each span a view draws, of any kind; barrier
+#: waits are paired by their ``name`` field instead. :data:`SPANS_BY_KIND` says which
+#: of them each kind of operation records.
 SPANS: Final[tuple[tuple[Event, Event, Phase], ...]] = (
     (Event.REQUESTED, Event.SNAPSHOT_DONE, Phase.SNAPSHOT),
     (Event.WRITE_STARTED, Event.WRITE_DONE, Phase.WRITE),
@@ -140,6 +145,15 @@ class Kind(StrEnum):
     BARRIER = "barrier"
 
 
+#: The spans of each kind of operation. Only a save snapshots (a restore's or a
+#: barrier's ``requested`` opens nothing), and only a restore reads.
+SPANS_BY_KIND: Final[dict[str, tuple[tuple[Event, Event, Phase], ...]]] = {
+    Kind.SAVE: SPANS[:3],
+    Kind.RESTORE: (SPANS[3],),
+    Kind.BARRIER: (),
+}
+
+
 class Status(StrEnum):
     """Where an operation (or one process of it) stands."""
 
@@ -148,6 +162,9 @@ class Status(StrEnum):
     COMMITTED = "committed"
     RESTORED = "restored"
     FAILED = "failed"
+    #: A process that recorded no end of its own while others report that it died
+    #: (or became unreachable): it will record nothing more.
+    DEAD = "dead"
     # A span of a phase: finished, still open, or cut short by a failure.
     DONE = "done"
     OPEN = "open"
@@ -159,6 +176,10 @@ END_EVENT: Final[dict[str, Event]] = {
     Kind.RESTORE: Event.RESTORED,
     Kind.BARRIER: Event.COMMITTED,
 }
+
+
+#: Where a process's part in an operation has ended: nothing more will change it.
+END_STATUSES: Final = frozenset({Status.COMMITTED, Status.RESTORED, Status.FAILED, Status.DEAD})
 
 
 class Cause(StrEnum):
@@ -295,6 +316,11 @@ def as_json() -> dict[str, Any]:
         "barrier_prefix": BARRIER_PREFIX,
         "events": [e.value for e in Event],
         "spans": [[s.value, e.value, p.value] for s, e, p in SPANS],
+        "spans_by_kind": {
+            str(k): [[s.value, e.value, p.value] for s, e, p in spans]
+            for k, spans in SPANS_BY_KIND.items()
+        },
+        "end_statuses": sorted(str(s) for s in END_STATUSES),
         "statuses": {s.name.lower(): s.value for s in Status},
         "kinds": [k.value for k in Kind],
         "kind_names": {k.name.lower(): k.value for k in Kind},

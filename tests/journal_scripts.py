@@ -2,7 +2,8 @@
 
 ``SAVE`` is a 2-process save as the engine records it (process 0 is the primary);
 ``write_script`` writes it, optionally only the events up to a time, or with process 1
-failing during its write.
+failing during its write. ``killed_save`` is a 3-process save whose process 2 is
+killed; ``RESTORE`` and ``BARRIER`` are the journals of the other kinds.
 """
 
 from __future__ import annotations
@@ -67,19 +68,83 @@ def failing_save() -> list[tuple[int, float, str, dict[str, Any]]]:
     ]
 
 
+def killed_save(*, culprit_only: bool = False) -> list[tuple[int, float, str, dict[str, Any]]]:
+    """Process 2 of 3 is killed during its write; 0 and 1 notice at write_complete.
+
+    Survivors name the dead process in ``dead`` (and ``culprit``); with
+    ``culprit_only``, as journals older than the ``dead`` field did.
+    """
+    script: list[tuple[int, float, str, dict[str, Any]]] = []
+    for p in range(3):
+        script += [
+            (p, 0.00 + p / 100, "requested", {"process_count": 3, "primary": 0}),
+            (p, 0.02 + p / 100, "snapshot_done", {"bytes": 4 * MB}),
+            (p, 0.03 + p / 100, "barrier_enter", {"name": "tmp_ready"}),
+            (p, 0.05, "barrier_exit", {"name": "tmp_ready"}),
+            (p, 0.05, "tmp_ready", {}),
+            (p, 0.06, "write_started", {"bytes": 4 * MB}),
+        ]
+    script += [
+        (0, 0.10, "write_done", {"bytes": 4 * MB}),
+        (0, 0.10, "barrier_enter", {"name": "write_complete"}),
+        (1, 0.12, "write_done", {"bytes": 4 * MB}),
+        (1, 0.12, "barrier_enter", {"name": "write_complete"}),
+    ]
+    for p, t in ((0, 3.10), (1, 3.50)):
+        fields: dict[str, Any] = {
+            "error": f"process 2 died (no heartbeat for 3.{p} s) during barrier:write_complete",
+            "phase": "barrier:write_complete",
+            "cause": "peer_dead",
+            "culprit": 2,
+        }
+        if not culprit_only:
+            fields.update(dead=[2], unreachable=[])
+        script.append((p, t, "failed", fields))
+    return sorted(script, key=lambda e: e[1])
+
+
+RESTORE: list[tuple[int, float, str, dict[str, Any]]] = [
+    (0, 0.00, "requested", {"process_count": 2}),
+    (1, 0.01, "requested", {"process_count": 2}),
+    (0, 0.02, "read_started", {}),
+    (1, 0.02, "read_started", {}),
+    (0, 0.03, "read_progress", {"bytes": 0, "total": 8 * MB}),
+    (1, 0.03, "read_progress", {"bytes": 0, "total": 8 * MB}),
+    (0, 0.10, "read_progress", {"bytes": 2 * MB, "total": 8 * MB}),
+    (1, 0.12, "read_progress", {"bytes": 4 * MB, "total": 8 * MB}),
+    (0, 0.20, "read_done", {"bytes": 8 * MB, "verified": True}),
+    (1, 0.22, "read_done", {"bytes": 8 * MB, "verified": True}),
+    (0, 0.20, "restored", {}),
+    (1, 0.22, "restored", {}),
+]
+
+BARRIER: list[tuple[int, float, str, dict[str, Any]]] = [
+    (0, 0.00, "requested", {"process_count": 2, "name": "after-save"}),
+    (0, 0.00, "barrier_enter", {"name": "after-save"}),
+    (1, 0.04, "requested", {"process_count": 2, "name": "after-save"}),
+    (1, 0.04, "barrier_enter", {"name": "after-save"}),
+    (0, 0.05, "barrier_exit", {"name": "after-save"}),
+    (1, 0.05, "barrier_exit", {"name": "after-save"}),
+    (0, 0.05, "committed", {}),
+    (1, 0.05, "committed", {}),
+]
+
+
 def write_script(
     root: Path,
     op: str,
     script: list[tuple[int, float, str, dict[str, Any]]],
     upto: float | None = None,
     step: int = 7,
+    kind: str = "save",
+    after: float | None = None,
 ) -> None:
-    """Write ``script``'s events (those at or before ``upto``) into ``root``'s journal."""
+    """Write ``script``'s events (those after ``after`` and at or before ``upto``)."""
     writers: dict[int, JournalWriter] = {}
     for process, t, event, fields in script:
-        if upto is not None and t > upto:
+        if (upto is not None and t > upto) or (after is not None and t <= after):
             continue
-        w = writers.setdefault(process, JournalWriter(root, op, process, "save", step))
+        w = writers.setdefault(process, JournalWriter(root, op, process, kind, step))
         w.emit(event, t=T0 + t, **fields)
     for w in writers.values():
         w.close()

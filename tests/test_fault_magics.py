@@ -110,6 +110,18 @@ def test_kill_then_status_restart_and_restore(env, capsys):
     with pytest.raises(SaveFailedError, match="process 2 died"):
         handle.wait(timeout_s=60)
     assert time.monotonic() - t0 < 10
+    # The widget followed the save past the first failure, until both survivors had
+    # given up, and shows the killed process dead, with the evidence.
+    widget = magics.views[handle.op]
+    assert widget.live is not None and widget.live.join(60)
+    assert widget.status == "failed"
+    assert [r["status"] for r in widget.rows] == ["failed", "failed", "dead"]
+    dead = widget.rows[2]
+    assert dead["phase"] == "dead" and dead["dead_reported_by"] == [0, 1]
+    assert "no event since +" in dead["note"] and "processes 0, 1 report it died" in dead["note"]
+    capsys.readouterr()
+    ip.run_line_magic("ckpt_show", handle.op)
+    assert "processes 0, 1 report it died" in capsys.readouterr().out
     capsys.readouterr()
     ip.run_line_magic("ckpt_status", "")
     out = capsys.readouterr().out

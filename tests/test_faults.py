@@ -141,3 +141,27 @@ def test_a_stalled_live_process_is_not_taken_for_dead(tmp_path):
     assert all(r["error"] is None for r in res), res
     assert all(r["t"] - t0 >= 4.0 for r in res)
     assert all_steps(root) == [1]
+
+
+def test_slow_io_stretches_the_slowed_process_write_and_is_journaled(group2, tmp_path):
+    """``%ckpt_fault slow-io x4`` on process 1: its write phase is the longer one."""
+    from nbckpt.journal import read_operation
+
+    root = str(tmp_path / "root")
+    ops = group2.run("tests.mh_truth:slow_save", root, 1, 1, 4.0)
+    assert ops[0] == ops[1]
+    rec = read_operation(root, ops[0])
+    assert rec.status == "committed"
+    started = {
+        p: next(e for e in r.events if e["event"] == "write_started")
+        for p, r in rec.processes.items()
+    }
+    assert started[1].get("fault") == "slow-io x4" and "fault" not in started[0]
+    assert rec.processes[1].fault == "slow-io x4"
+    write = {p: next(s for s in r.phases if s.name == "write") for p, r in rec.processes.items()}
+    took = {p: s.end - s.start for p, s in write.items()}
+    # Both wrote sixteen chunks of 1 MiB in the same save: the slowed one took longer.
+    assert took[1] > took[0], took
+    # Its progress shows steps, not 0 then all of it.
+    steps = [e["bytes"] for e in rec.processes[1].events if e["event"] == "write_progress"]
+    assert len(steps) > 1 and steps == sorted(set(steps))

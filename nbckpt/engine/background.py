@@ -93,6 +93,11 @@ def fail(
     """Journal a failure with its cause as data, then tell the peers; return its text."""
     text = reason(error, root)
     cause, culprit = _cause(error, sync.process_index)
+    # Every process found silent, so that the views mark each one dead; not when this
+    # process is the one cut off (the others then only look dead from here).
+    silent: dict[str, Any] = {}
+    if isinstance(error, PeerDeadError) and not error.cut_off:
+        silent = {"dead": error.processes, "unreachable": sorted(error.unreachable)}
     # Journal before telling the peers, so the cause is the first failure on record.
     journal.emit(
         Event.FAILED,
@@ -102,6 +107,7 @@ def fail(
         culprit=culprit,
         committed=committed,
         previous_kept=previous_kept,
+        **silent,
     )
     if cause == Cause.ERROR:
         sync.signal_failure(journal.op, f"{text} (during {phase})")
@@ -236,7 +242,10 @@ class SaveJob:
     def _write(self, work: Location) -> None:
         """Write this process's shards and their checksums, durably."""
         _check_exists(work)
-        self.journal.emit(Event.WRITE_STARTED, bytes=self.snap.nbytes)
+        # An injected slowdown is part of the record: a view can say why it was slow.
+        slowdown = hooks.io_slowdown()
+        fault: dict[str, Any] = {"fault": f"slow-io x{slowdown:g}"} if slowdown > 1 else {}
+        self.journal.emit(Event.WRITE_STARTED, bytes=self.snap.nbytes, **fault)
 
         def watch() -> None:
             # A long write still gives up soon after a peer dies or fails.

@@ -7,8 +7,10 @@ each worker of a local :class:`~nbckpt.procgroup.ProcessGroup` calls it at start
 
 from __future__ import annotations
 
+import math
 import os
 import socket
+import time
 from typing import Any
 
 from nbckpt.engine import health
@@ -62,6 +64,23 @@ def pick_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def _await_service(coordinator: str, deadline: float) -> None:
+    """Wait until ``coordinator`` accepts TCP connections, or until ``deadline``.
+
+    A process that dials the coordination service before process 0 listens waits out
+    gRPC's reconnect backoff, about a second, before it dials again: the join then
+    takes over a second instead of a tenth. A dial that opens and closes costs the
+    service nothing. Past the deadline JAX's own wait reports what is wrong.
+    """
+    host, _, port = coordinator.rpartition(":")
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=1.0).close()
+            return
+        except OSError:
+            time.sleep(0.01)
+
+
 def initialize(
     process_id: int,
     num_processes: int,
@@ -110,12 +129,15 @@ def initialize(
     if recoverable:
         jax.config.update("jax_enable_recoverability", True)
     if num_processes > 1:
+        deadline = time.monotonic() + timeout_s
+        if process_id != 0:
+            _await_service(coordinator, deadline)
         jax.distributed.initialize(
             coordinator_address=coordinator,
             num_processes=num_processes,
             process_id=process_id,
             coordinator_bind_address=bind_address,
-            initialization_timeout=timeout_s,
+            initialization_timeout=max(1, math.ceil(deadline - time.monotonic())),
         )
         if loopback_name(coordinator) is not None:
             # Before jax.devices(): the CPU backend must not exist yet.

@@ -33,7 +33,7 @@ import tensorstore as ts
 from nbckpt import checksum as _checksum
 from nbckpt.engine.sources import ArraySource
 from nbckpt.engine.tree import path_str
-from nbckpt.engine.writer import chunk_key, chunk_regions
+from nbckpt.engine.writer import ProgressReport, chunk_key, chunk_regions
 from nbckpt.errors import CorruptCheckpointError
 
 __all__ = [
@@ -356,17 +356,26 @@ class LeafRead:
         return jax.make_array_from_single_device_arrays(self.shape, self.sharding, bufs)
 
 
-def read_all(leaves: list[LeafRead]) -> None:
+def read_all(leaves: list[LeafRead], progress: Callable[[int, int], None] | None = None) -> None:
     """Issue every leaf's reads, check each as it completes, and place it on its devices.
 
     The checksum checks run on a few threads (the CRC releases the GIL), so that on a
     host with cores to spare they keep up with the reads however fast the storage is;
     the main thread places each read on its devices as soon as it is checked. Leaves
     without recorded checksums are only checked for read errors.
+
+    ``progress(done, total)``, if given, is called once every read is issued (``done``
+    0), then with the bytes read and checked so far as
+    :class:`~nbckpt.engine.writer.ProgressReport` paces it (each eighth of ``total``,
+    and at least every 0.2 s while reads complete); the last read is not reported.
     """
     #: (a completed read, None) or (a checked read, its check's future).
     events: queue.SimpleQueue[tuple[_Read, Future[None] | None]] = queue.SimpleQueue()
     remaining = sum(leaf.issue(lambda r: events.put((r, None))) for leaf in leaves)
+    total = sum(leaf.nbytes for leaf in leaves)
+    report = ProgressReport(None if progress is None else lambda b: progress(b, total), total)
+    if progress is not None:
+        progress(0, total)
     pool = None
     if remaining > 1 and any(leaf.recorded is not None for leaf in leaves):
         pool = ThreadPoolExecutor(_VERIFY_THREADS, thread_name_prefix="nbckpt-verify")
@@ -382,6 +391,7 @@ def read_all(leaves: list[LeafRead]) -> None:
             else:
                 checked.result()
             read.leaf.place(read)
+            report.add(read.buf.nbytes)
             remaining -= 1
     finally:
         if pool is not None:

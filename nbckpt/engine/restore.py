@@ -215,7 +215,12 @@ def restore_step(
             check_dtype(name, m.get("dtype"), dtype, cast)
             read_as, shares = plan(sharding, m)
             leaves.append(LeafRead(source, m, read_as, dtype, sums(m), shares=shares))
-    read_all(leaves)
+
+    def progress(done: int, total: int) -> None:
+        if journal is not None:
+            journal.emit(Event.READ_PROGRESS, bytes=done, total=total)
+
+    read_all(leaves, progress if journal is not None else None)
     values = [leaf.result() for leaf in leaves]
     if gathered or shared:
         # Every process plans alike (same target, metadata and hosts), so all meet here.

@@ -22,7 +22,14 @@ from nbckpt.engine.storage import (
 )
 from nbckpt.storage import Location
 
-__all__ = ["array_leaves", "chunk_key", "chunk_regions", "create_arrays", "write_shards"]
+__all__ = [
+    "ProgressReport",
+    "array_leaves",
+    "chunk_key",
+    "chunk_regions",
+    "create_arrays",
+    "write_shards",
+]
 
 
 def create_arrays(directory: Location, snap: Snapshot, *, sync: bool = True) -> list[Location]:
@@ -62,6 +69,59 @@ def array_leaves(snap: Snapshot) -> list[dict[str, Any]]:
     return [meta for meta in snap.leaves if "chunks" in meta]
 
 
+class ProgressReport:
+    """Report bytes done in steps: every eighth of the total, or every interval.
+
+    Parameters
+    ----------
+    report
+        Called with the bytes done so far (strictly more than the last call's).
+    total
+        The bytes the work will do in all.
+    interval_s
+        The longest time between two reports while bytes keep getting done.
+    steps
+        Reports per whole, however fast the work runs: a report is due whenever
+        another ``total / steps`` bytes are done since the last one.
+
+    Notes
+    -----
+    Both rules together mean that a job of many pieces reports several times even when
+    it runs faster than ``interval_s`` (a view then shows steps, not 0 then 100 %), and a
+    slow one at least every ``interval_s`` once a piece completes. The last piece is not
+    reported: the event that ends the phase carries the final count.
+    """
+
+    def __init__(
+        self,
+        report: Callable[[int], None] | None,
+        total: int,
+        *,
+        interval_s: float = 0.2,
+        steps: int = 8,
+    ) -> None:
+        self._report = report
+        self.total = total
+        self.interval_s = interval_s
+        self._step = max(1, total // max(1, steps))
+        self.done = 0
+        self._reported = 0
+        self._last = time.monotonic()
+        #: How many reports were made.
+        self.count = 0
+
+    def add(self, nbytes: int) -> None:
+        """Count ``nbytes`` more done; report if a report is due."""
+        self.done += nbytes
+        if self._report is None or self.done <= self._reported or self.done >= self.total:
+            return
+        now = time.monotonic()
+        if self.done - self._reported >= self._step or now - self._last >= self.interval_s:
+            self._report(self.done)
+            self._reported, self._last = self.done, now
+            self.count += 1
+
+
 def write_shards(
     directory: Location,
     snap: Snapshot,
@@ -76,10 +136,13 @@ def write_shards(
     """Write this process's shards into the arrays under ``directory``.
 
     All chunk writes are issued at once so tensorstore overlaps them; each completes
-    only once its file is fsync'd. ``progress`` receives the bytes committed so far, at
-    most every ``progress_interval_s`` seconds and once at the end. ``watch`` runs
-    every ``watch_interval_s`` seconds while writes are pending; it raises to abort
-    (a dead or failed peer). ``checksums``, if given, receives the checksum of every
+    only once its file is fsync'd. ``progress`` receives the bytes durable so far
+    (chunks counted in the order they were issued), as :class:`ProgressReport` says:
+    after each eighth of the bytes, and at least every ``progress_interval_s`` while
+    chunks complete, from the first one on (also while later writes are still being
+    issued); ``write_done`` carries the last count. ``watch`` runs every
+    ``watch_interval_s`` seconds while writes are pending; it raises to abort (a dead
+    or failed peer). ``checksums``, if given, receives the checksum of every
     chunk written, by leaf and zarr chunk key (``"0.3"``), and under
     ``nbckpt.checksum.ALGORITHM_KEY`` the name of the algorithm, so that it is the
     complete content of a checksums file (see :mod:`nbckpt.checksum`); restore and
@@ -88,6 +151,13 @@ def write_shards(
     under ``directory``, opened from the snapshot's metadata: its ``.zarray`` need not
     exist yet). ``issued`` runs once every write is issued and every checksum is in
     ``checksums``, while the writes are still in flight.
+
+    Under an injected slowdown (``%ckpt_fault slow-io``, :func:`hooks.io_slowdown`
+    ``factor`` > 1) the chunks are written one at a time instead, and after each one
+    the writer sleeps ``factor - 1`` times as long as that chunk took: the write phase
+    then takes ``factor`` times as long as writing its chunks one by one. (Stretching
+    the time between completions of writes issued together would not: the writes in
+    flight complete during the sleep, and the stretch is lost.)
 
     Returns
     -------
@@ -106,7 +176,13 @@ def write_shards(
     # Every leaf's opening is started before any is waited for.
     openings = {w.leaf: opener(w.leaf) for w in snap.writes}
     stores: dict[str, Any] = {}
+    slowdown = hooks.io_slowdown()
+    waiter = _Waiter(watch, watch_interval_s)
+    report = ProgressReport(progress, snap.nbytes, interval_s=progress_interval_s)
+    #: Writes not issued yet (slowed down only), and writes in flight, in issue order.
+    deferred: list[tuple[Any, Any, int]] = []
     pending: list[tuple[Any, int]] = []
+    counted = 0  # the writes in ``pending`` whose bytes ``report`` has counted
     algorithm = _checksum.default_algorithm()
     if checksums is not None:
         checksums[_checksum.ALGORITHM_KEY] = algorithm
@@ -121,33 +197,56 @@ def write_shards(
             if i % w.parts != w.part:
                 continue  # another replica of this shard writes that chunk
             part = host[local]
-            fut = store[glob].write(part, can_reference_source_data_indefinitely=True)
-            pending.append((fut, math.prod(part.shape) * itemsize))
+            nbytes = math.prod(part.shape) * itemsize
+            if slowdown > 1:
+                deferred.append((store[glob], part, nbytes))
+            else:
+                fut = store[glob].write(part, can_reference_source_data_indefinitely=True)
+                pending.append((fut, nbytes))
             if checksums is not None:
                 # Computed while tensorstore's threads write the chunk; neither CRC
                 # holds the GIL while it runs.
                 key = chunk_key(glob, chunks_of[w.leaf])
                 checksums.setdefault(w.leaf, {})[key] = _checksum.checksum(part, algorithm)
+            # Issuing (host copies, checksums) can take seconds: report what completed.
+            while counted < len(pending) and pending[counted][0].done():
+                pending[counted][0].result()
+                report.add(pending[counted][1])
+                counted += 1
     if issued is not None:
         issued()
-    written = 0
-    last = time.monotonic()
-    t_prev = time.monotonic()
-    for fut, nbytes in pending:
-        while watch is not None and not fut.done():
-            watch()
+    for fut, nbytes in pending[counted:]:
+        waiter.wait(fut)
+        report.add(nbytes)
+    for target, part, nbytes in deferred:
+        t0 = time.monotonic()
+        waiter.wait(target.write(part, can_reference_source_data_indefinitely=True))
+        # Fault injection: this chunk takes ``slowdown`` times as long as it did.
+        waiter.sleep((slowdown - 1) * (time.monotonic() - t0))
+        report.add(nbytes)
+    return report.done
+
+
+class _Waiter:
+    """Wait for writes (or sleep) while running ``watch`` every ``interval_s``."""
+
+    def __init__(self, watch: Callable[[], None] | None, interval_s: float) -> None:
+        self.watch = watch
+        self.interval_s = interval_s
+
+    def wait(self, fut: Any) -> None:
+        while self.watch is not None and not fut.done():
+            self.watch()
             try:
-                fut.result(timeout=watch_interval_s)
+                fut.result(timeout=self.interval_s)
             except TimeoutError:
                 continue
         fut.result()
-        slowdown = hooks.io_slowdown()
-        if slowdown > 1:  # fault injection: stretch the time since the last chunk
-            time.sleep((slowdown - 1) * (time.monotonic() - t_prev))
-        t_prev = time.monotonic()
-        written += nbytes
-        now = time.monotonic()
-        if progress is not None and now - last >= progress_interval_s:
-            progress(written)
-            last = now
-    return written
+
+    def sleep(self, seconds: float) -> None:
+        # A slowed write still gives up soon after a peer dies.
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            if self.watch is not None:
+                self.watch()
+            time.sleep(min(left, self.interval_s))

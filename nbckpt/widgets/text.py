@@ -5,15 +5,24 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 from typing import IO, Any
 
 from tqdm import tqdm
 
 from nbckpt import reads
-from nbckpt.monitor import JournalTailer, OperationView, ProcessView
+from nbckpt.monitor import JournalTailer, OperationView, ProcessView, settled
 from nbckpt.protocol import Kind, Status
 
-__all__ = ["FollowNew", "TextProgress", "follow_text", "human_bytes", "render_text"]
+__all__ = [
+    "FollowNew",
+    "TextProgress",
+    "bytes_done",
+    "follow_text",
+    "human_bytes",
+    "render_text",
+    "what_of",
+]
 
 
 def human_bytes(n: float) -> str:
@@ -25,22 +34,45 @@ def human_bytes(n: float) -> str:
     raise AssertionError("unreachable")
 
 
-def _where(p: ProcessView) -> str:
-    """What a process does now, in a few words (its barrier names whom it waits for)."""
+def what_of(view: OperationView) -> str:
+    """What an operation is, in words: ``save of step 3``, ``barrier 'sync'``."""
+    if view.kind == Kind.BARRIER:
+        return f"barrier {view.name!r}" if view.name else str(Kind.BARRIER)
+    if view.step is None:
+        return str(view.kind) if view.processes else "waiting for the journal of"
+    return f"{view.kind} of step {view.step}"
+
+
+def bytes_done(view: OperationView, p: ProcessView) -> int:
+    """The bytes ``p`` has done: read (a restore) or written (a save)."""
+    return p.bytes_read if view.kind == Kind.RESTORE else p.bytes_written
+
+
+def _where(p: ProcessView, dead: set[int] | None = None) -> str:
+    """What a process does now, in a few words (its barrier names whom it waits for).
+
+    A failure is named here by its phase only: :func:`render_text` prints the whole
+    error on a line of its own, as a meter's width would cut it.
+    """
     b = p.barrier
     if b is not None:
-        missing = ", ".join(map(str, b.waiting_for))
+        missing = ", ".join(
+            f"{q} (dead)" if q in (dead or set()) else str(q) for q in b.waiting_for
+        )
         return f"{p.phase} (waiting for {missing})" if missing else p.phase
     if p.status == Status.FAILED:
-        return f"failed during {p.error_phase or '?'}: {p.error}"
+        return f"failed during {p.error_phase or '?'}"
+    if p.note:
+        return f"{p.phase}: {p.note}"
     return p.phase
 
 
-def _meter(p: ProcessView, elapsed: float, ncols: int) -> str:
+def _meter(view: OperationView, p: ProcessView, elapsed: float, ncols: int) -> str:
     total = p.bytes_total or None
+    dead = {q.process for q in view.processes if q.status == Status.DEAD}
     return str(
         tqdm.format_meter(
-            p.bytes_written,
+            bytes_done(view, p),
             total,
             elapsed,
             ncols=ncols,
@@ -48,18 +80,28 @@ def _meter(p: ProcessView, elapsed: float, ncols: int) -> str:
             unit="B",
             unit_scale=True,
             unit_divisor=1024,
-            postfix=_where(p),
+            postfix=_where(p, dead),
         )
     )
 
 
 def render_text(view: OperationView, ncols: int = 100) -> str:
-    """A static text picture of ``view``: a title line and one tqdm meter per process."""
-    lines = [f"{view.kind} of step {view.step} ({view.op}): {view.status}"]
+    """A static text picture of ``view``: a title line and one tqdm meter per process.
+
+    Then each failed process's error, whole, on a line of its own (a meter's width
+    would cut it), and each other process's note (why it is dead, or has nothing of
+    its own to write).
+    """
+    lines = [f"{what_of(view)} ({view.op}): {view.status}"]
     for p in view.processes:
         end = p.committed or p.last_event
         elapsed = 0.0 if view.start is None or end is None else max(0.0, end - view.start)
-        lines.append(_meter(p, elapsed, ncols))
+        lines.append(_meter(view, p, elapsed, ncols))
+    for p in view.processes:
+        if p.error:
+            lines.append(f"process {p.process}: failed during {p.error_phase or '?'}: {p.error}")
+        elif p.note:
+            lines.append(f"process {p.process}: {p.phase}: {p.note}")
     return "\n".join(lines)
 
 
@@ -98,8 +140,9 @@ class TextProgress:
                 )
             if p.bytes_total and bar.total != p.bytes_total:
                 bar.total = p.bytes_total
-            bar.n = p.bytes_written
-            bar.set_postfix_str(_where(p), refresh=False)
+            bar.n = bytes_done(view, p)
+            dead = {q.process for q in view.processes if q.status == Status.DEAD}
+            bar.set_postfix_str(_where(p, dead), refresh=False)
             bar.refresh()
 
     def close(self) -> None:
@@ -139,8 +182,10 @@ class FollowNew:
     """Draw tqdm bars for each new operation of one kind that appears under a root.
 
     A context manager: operations already journaled when it starts are ignored; each
-    new one is followed until it commits or fails, then the next. On exit it first
-    draws what is left to draw.
+    new one is followed until its view is settled (:func:`nbckpt.monitor.settled`:
+    after a failure, until the others have recorded how they gave up, or have been
+    silent for ``settle_s``), then the next. On exit it first draws what is left to
+    draw.
 
     Parameters
     ----------
@@ -152,6 +197,9 @@ class FollowNew:
         Where to draw (default ``sys.stderr``).
     interval_s
         How often to read the journal.
+    settle_s
+        After a failure, how long the journal may stay silent before the operation is
+        left as it is (see :class:`~nbckpt.widgets.live.LiveUpdater`).
     """
 
     def __init__(
@@ -161,8 +209,10 @@ class FollowNew:
         *,
         file: IO[str] | None = None,
         interval_s: float = 0.25,
+        settle_s: float = 60.0,
     ) -> None:
         self.root, self.kind, self.file, self.interval_s = root, kind, file, interval_s
+        self.settle_s = settle_s
         self.followed: list[str] = []
         self._seen = set(reads.run(reads.LIST_OPERATIONS, root))
         self._stop = threading.Event()
@@ -188,6 +238,7 @@ class FollowNew:
 
     def _run(self) -> None:
         current: tuple[JournalTailer, TextProgress] | None = None
+        grew_at = time.monotonic()
         while True:
             stopping = self._stop.is_set()
             if current is None:
@@ -195,12 +246,16 @@ class FollowNew:
                 if tailer is not None:
                     self.followed.append(tailer.op)
                     current = (tailer, TextProgress(self.file))
+                    grew_at = time.monotonic()
             if current is not None:
                 tailer, bars = current
-                tailer.poll()
+                if tailer.poll():
+                    grew_at = time.monotonic()
                 view = tailer.view()
                 bars.update(view)
-                if view.status != Status.RUNNING or stopping:
+                quiet = time.monotonic() - grew_at > self.settle_s
+                over = settled(view) or (view.status != Status.RUNNING and quiet)
+                if over or stopping:
                     bars.close()
                     current = None
                     continue  # look for the next one at once
