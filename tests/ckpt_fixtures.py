@@ -88,3 +88,16 @@ def journal(
             else:
                 w.emit("failed", t=t0 + 0.9, error="PeerFailedError: process 1 failed")
         w.close()
+
+
+async def api_get(jp_fetch: Any, *parts: str, **kwargs: Any) -> tuple[int, dict[str, Any]]:
+    """GET ``nbckpt/api/<parts>`` from the test's jupyter server: its status and JSON body."""
+    from tornado.httpclient import HTTPClientError
+
+    try:
+        response = await jp_fetch("nbckpt", "api", *parts, **kwargs)
+    except HTTPClientError as e:
+        assert e.response is not None
+        body = e.response.body
+        return e.code, json.loads(body) if body else {}
+    return response.code, json.loads(response.body)

@@ -30,9 +30,10 @@ from nbckpt.layout import COMMIT_FILE, METADATA_FILE, all_steps, entry_state, la
 from nbckpt.procgroup import ProcessGroup
 from nbckpt.protocol import PHASES
 from nbckpt.storage import S3Path
+from tests.ckpt_fixtures import api_get
 from tests.conftest import _ENV
 from tests.s3server import FaultProxy, S3Server
-from tests.test_server import _get, jp_server_config  # noqa: F401 - the routes' fixture
+from tests.test_server import jp_server_config  # noqa: F401 - the routes' fixture
 
 pytestmark = pytest.mark.multihost
 T = "tests.mh_s3"
@@ -262,27 +263,27 @@ async def test_server_routes_list_a_bucket_root_with_the_servers_credentials(
     ck = AsyncCheckpointer(root)
     ck.save(1, {"w": np.arange(8, dtype=np.float32)})
     ck.wait_until_finished()
-    code, data = await _get(jp_fetch, "checkpoints", params={"root": root})
+    code, data = await api_get(jp_fetch, "checkpoints", params={"root": root})
     assert code == 200, data
     assert data["root"] == root
     [entry] = data["entries"]
     assert (entry["step"], entry["state"], entry["bytes"]) == (1, "complete", None)
-    code, data = await _get(jp_fetch, "operations", params={"root": root})
+    code, data = await api_get(jp_fetch, "operations", params={"root": root})
     assert code == 200 and [o["status"] for o in data["operations"]] == ["committed"]
     op = data["operations"][0]["op"]
-    code, data = await _get(jp_fetch, "operations", op, params={"root": root})
+    code, data = await api_get(jp_fetch, "operations", op, params={"root": root})
     assert code == 200 and data["status"] == "committed"
     # Same authentication as every route.
-    code, _ = await _get(
+    code, _ = await api_get(
         jp_fetch, "checkpoints", params={"root": root}, headers={"Authorization": ""}
     )
     assert code == 403
     # A store failure is one line, 502.
-    code, data = await _get(jp_fetch, "checkpoints", params={"root": "s3://no-such-bucket/r"})
+    code, data = await api_get(jp_fetch, "checkpoints", params={"root": "s3://no-such-bucket/r"})
     assert code == 502 and "does not exist" in data["message"], data
     # Without credentials in the server's environment, buckets are not read at all.
     monkeypatch.delenv("AWS_ACCESS_KEY_ID")
-    code, data = await _get(jp_fetch, "checkpoints", params={"root": root})
+    code, data = await api_get(jp_fetch, "checkpoints", params={"root": root})
     assert code == 403 and "no credentials" in data["message"], data
 
 
@@ -291,10 +292,10 @@ async def test_a_hanging_store_does_not_stall_the_server(jp_fetch, proxied):
 
     proxy, root = proxied
     proxy.down(True)  # every request to the store goes unanswered (then retried)
-    slow = asyncio.ensure_future(_get(jp_fetch, "checkpoints", params={"root": root}))
+    slow = asyncio.ensure_future(api_get(jp_fetch, "checkpoints", params={"root": root}))
     await asyncio.sleep(0.5)
     t0 = time.monotonic()
-    code, _ = await _get(jp_fetch, "protocol")
+    code, _ = await api_get(jp_fetch, "protocol")
     assert code == 200 and time.monotonic() - t0 < 3
     assert not slow.done()  # still waiting on the store, while the server answered
     code, data = await slow

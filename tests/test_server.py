@@ -16,7 +16,7 @@ from nbckpt.server.manager import (
     ForbiddenPathError,
     NotFoundError,
 )
-from tests.ckpt_fixtures import journal, write_step, write_tmp
+from tests.ckpt_fixtures import api_get, journal, write_step, write_tmp
 
 OP_OK = "20260101T000000.000001-save-10"
 OP_FAILED = "20260101T000000.000002-save-20"
@@ -135,18 +135,8 @@ def jp_root_dir(server_root: Path) -> Path:
     return server_root
 
 
-async def _get(jp_fetch: Any, *parts: str, **kwargs: Any) -> tuple[int, dict[str, Any]]:
-    try:
-        response = await jp_fetch("nbckpt", "api", *parts, **kwargs)
-    except HTTPClientError as e:
-        assert e.response is not None
-        body = e.response.body
-        return e.code, json.loads(body) if body else {}
-    return response.code, json.loads(response.body)
-
-
 async def test_route_checkpoints(jp_fetch: Any) -> None:
-    code, data = await _get(jp_fetch, "checkpoints", params={"root": "runs/ckpt"})
+    code, data = await api_get(jp_fetch, "checkpoints", params={"root": "runs/ckpt"})
     assert code == 200
     states = {e["path"]: e["state"] for e in data["entries"]}
     assert states == {"10": "complete", "20.nbckpt-tmp": "abandoned"}
@@ -155,10 +145,10 @@ async def test_route_checkpoints(jp_fetch: Any) -> None:
 
 
 async def test_route_operations_and_one_operation(jp_fetch: Any) -> None:
-    code, data = await _get(jp_fetch, "operations", params={"root": "runs/ckpt"})
+    code, data = await api_get(jp_fetch, "operations", params={"root": "runs/ckpt"})
     assert code == 200
     assert [o["op"] for o in data["operations"]] == [OP_FAILED, OP_OK]
-    code, op = await _get(jp_fetch, "operations", OP_FAILED, params={"root": "runs/ckpt"})
+    code, op = await api_get(jp_fetch, "operations", OP_FAILED, params={"root": "runs/ckpt"})
     assert code == 200
     assert op["status"] == "failed" and op["process_count"] == 2
     p1 = op["processes"]["1"]
@@ -169,7 +159,7 @@ async def test_route_operations_and_one_operation(jp_fetch: Any) -> None:
 async def test_route_protocol(jp_fetch: Any) -> None:
     from nbckpt import protocol
 
-    code, data = await _get(jp_fetch, "protocol")
+    code, data = await api_get(jp_fetch, "protocol")
     assert code == 200
     assert data["phases"] == list(protocol.PHASES)
     assert data["events"] == [e.value for e in protocol.Event]
@@ -197,7 +187,7 @@ async def test_route_protocol(jp_fetch: Any) -> None:
 async def test_route_refusals(
     jp_fetch: Any, parts: tuple[str, ...], params: dict[str, str], code: int
 ) -> None:
-    got, data = await _get(jp_fetch, *parts, params=params)
+    got, data = await api_get(jp_fetch, *parts, params=params)
     assert got == code
     assert data["message"] and "\n" not in data["message"]
     # A refusal never leaks what lies outside the server's root.
@@ -212,7 +202,7 @@ async def test_route_refusals(
 async def test_routes_refuse_unauthenticated_requests(
     jp_fetch: Any, parts: tuple[str, ...]
 ) -> None:
-    code, _ = await _get(
+    code, _ = await api_get(
         jp_fetch, *parts, params={"root": "runs/ckpt"}, headers={"Authorization": ""}
     )
     assert code == 403

@@ -35,6 +35,8 @@ export interface IOperationSummary {
   op: string;
   kind: string;
   step: number | null;
+  /** A user barrier's name (absent or null for saves and restores). */
+  name?: string | null;
   status: string;
   start: number | null;
   end: number | null;
@@ -82,16 +84,99 @@ export interface IOperation {
   time: number;
 }
 
+/** An operation of a running cluster's root, as `GET nbckpt/api/activity` lists it. */
+export interface IActivityOp {
+  op: string;
+  kind: string;
+  step: number | null;
+  name: string | null;
+  status: string;
+  start: number | null;
+}
+
+/** A running cluster's root and what runs or failed there since the cluster started. */
+export interface IClusterRoot {
+  /** The root as the sidebar opens it: relative to the server root, or a URL. */
+  root: string;
+  /** The root as the notebook registered it (absolute path or URL). */
+  path: string;
+  /** False for a root the server may not read (outside its root, no credentials). */
+  openable: boolean;
+  reason: string | null;
+  pid: number;
+  profile: string | null;
+  cluster_id: string | null;
+  since: number;
+  in_flight: IActivityOp[];
+  failed: IActivityOp[];
+}
+
+/** The answer of `GET nbckpt/api/activity`. */
+export interface IActivity {
+  time: number;
+  clusters: IClusterRoot[];
+}
+
+/** A root found below the server root. */
+export interface IFoundRoot {
+  root: string;
+  path: string;
+}
+
+/** The answer of `GET nbckpt/api/roots`. */
+export interface IRoots {
+  time: number;
+  server_root: string;
+  clusters: IClusterRoot[];
+  found: IFoundRoot[];
+  /** The scan stopped at its depth or time bound. */
+  truncated: boolean;
+}
+
+/** What the status bar shows: across the running clusters' roots and the shown root. */
+export interface ITotals {
+  saving: number;
+  restoring: number;
+  failed: number;
+  /** Openable roots with something in flight or failed, running clusters' first. */
+  roots: string[];
+  /** One line per operation counted, for the tooltip. */
+  lines: string[];
+}
+
+/** What one reload of the shown root brought. */
+interface IRootAnswer {
+  checkpoints: ICheckpoints | null;
+  operations: IOperations | null;
+  error: string | null;
+}
+
+function message(reason: unknown): string {
+  return reason instanceof Error ? reason.message : String(reason);
+}
+
 /**
- * The checkpoints and operations of one root, reloaded on a timer: quickly while a
- * save is in flight, slowly otherwise. The sidebar and the status bar share it.
+ * The checkpoints and operations of the shown root, and what runs in the running
+ * clusters' roots, reloaded on a timer: every `refreshSeconds` while anything is in
+ * flight in either, every `idleRefreshSeconds` otherwise. The shown root is reloaded
+ * only while the sidebar is visible; the clusters' activity (a cheap request the status
+ * bar needs) always, but neither while the browser tab is hidden.
  */
 export class CheckpointsModel {
-  refreshSeconds = 2;
-  idleRefreshSeconds = 15;
+  refreshSeconds = 1;
+  idleRefreshSeconds = 4;
+
+  constructor() {
+    document.addEventListener('visibilitychange', this._onVisibility);
+  }
 
   get root(): string | null {
     return this._root;
+  }
+
+  /** Bumped by every `setRoot`: answers that were asked for an older one are dropped. */
+  get generation(): number {
+    return this._generation;
   }
 
   get checkpoints(): ICheckpoints | null {
@@ -111,7 +196,41 @@ export class CheckpointsModel {
     return this._protocol;
   }
 
-  /** Saves that are still running (from the journal, so across every process). */
+  /** The running clusters' roots and their activity, from the latest reload. */
+  get activity(): IActivity | null {
+    return this._activity;
+  }
+
+  /** The roots to offer, from the latest `loadRoots`. */
+  get roots(): IRoots | null {
+    return this._roots;
+  }
+
+  get rootsError(): string | null {
+    return this._rootsError;
+  }
+
+  /** Whether a `loadRoots` is under way. */
+  get scanning(): boolean {
+    return this._scanning;
+  }
+
+  /** Whether the sidebar shows: the shown root is reloaded only while it does. */
+  get visible(): boolean {
+    return this._visible;
+  }
+
+  set visible(value: boolean) {
+    if (value === this._visible) {
+      return;
+    }
+    this._visible = value;
+    if (value) {
+      void this.refresh();
+    }
+  }
+
+  /** Saves of the shown root that are still running (from its journal). */
   get inFlight(): IOperationSummary[] {
     const protocol = this._protocol;
     if (protocol === null) {
@@ -131,49 +250,138 @@ export class CheckpointsModel {
     );
   }
 
-  /** Emitted after every reload, successful or not. */
+  /** Whether anything is in flight in the shown root or in a running cluster's root. */
+  get busy(): boolean {
+    const here =
+      this._visible &&
+      (this.inFlight.length > 0 ||
+        (this._checkpoints?.counts.in_progress ?? 0) > 0);
+    return (
+      here || (this._activity?.clusters ?? []).some(c => c.in_flight.length > 0)
+    );
+  }
+
+  /** In flight and failed across the running clusters' roots and the shown root. */
+  get totals(): ITotals {
+    const totals: ITotals = {
+      saving: 0,
+      restoring: 0,
+      failed: 0,
+      roots: [],
+      lines: []
+    };
+    const restore = this._protocol?.kind_names.restore;
+    const clusterRoots = new Set<string>();
+    for (const cluster of this._activity?.clusters ?? []) {
+      clusterRoots.add(cluster.root);
+      for (const op of cluster.in_flight) {
+        if (op.kind === restore) {
+          totals.restoring += 1;
+        } else {
+          totals.saving += 1;
+        }
+        totals.lines.push(`${cluster.root}: ${label(op)} ${op.status}`);
+      }
+      for (const op of cluster.failed) {
+        totals.failed += 1;
+        totals.lines.push(`${cluster.root}: ${label(op)} ${op.status}`);
+      }
+      if (
+        cluster.openable &&
+        (cluster.in_flight.length > 0 || cluster.failed.length > 0)
+      ) {
+        totals.roots.push(cluster.root);
+      }
+    }
+    // The shown root counts too when no cluster uses it, while its data is fresh.
+    const shown = this._checkpoints?.root;
+    const here = this.inFlight;
+    if (
+      this._visible &&
+      shown !== undefined &&
+      !clusterRoots.has(shown) &&
+      here.length > 0
+    ) {
+      totals.saving += here.length;
+      totals.roots.push(shown);
+      totals.lines.push(
+        ...here.map(op => `${shown}: ${label(op)} ${op.status}`)
+      );
+    }
+    return totals;
+  }
+
+  /** Emitted after every reload, successful or not, and after `loadRoots`. */
   get changed(): ISignal<this, void> {
     return this._changed;
+  }
+
+  /** Emitted with the new root when another root is chosen, before it loads. */
+  get rootChanged(): ISignal<this, string> {
+    return this._rootChanged;
   }
 
   /** Show another root and reload at once. */
   async setRoot(root: string): Promise<void> {
     this._root = root;
+    this._generation += 1;
     this._checkpoints = null;
     this._operations = null;
-    await this.refresh();
+    this._error = null;
+    this._rootChanged.emit(root);
+    await this.refresh(true);
   }
 
-  /** Reload now, then schedule the next reload. */
-  async refresh(): Promise<void> {
+  /**
+   * Reload now (the shown root only while visible, unless `force`), then schedule the
+   * next reload. An answer that arrives after a newer reload's changes nothing; so
+   * does one for a root the user has left.
+   */
+  async refresh(force = false): Promise<void> {
     window.clearTimeout(this._timer);
+    this._timer = 0;
+    const seq = ++this._seq;
     const root = this._root;
-    if (root === null) {
+    const generation = this._generation;
+    const [protocol, activity, answer] = await Promise.all([
+      loadProtocol().catch(() => null),
+      requestAPI<IActivity>('activity', {}).catch(() => null),
+      root !== null && (this._visible || force)
+        ? this._loadRoot(root)
+        : Promise.resolve(null)
+    ]);
+    if (seq < this._applied || this._disposed) {
       return;
     }
-    try {
-      const [protocol, checkpoints, operations] = await Promise.all([
-        loadProtocol(),
-        requestAPI<ICheckpoints>('checkpoints', { root }),
-        requestAPI<IOperations>('operations', { root })
-      ]);
-      if (root !== this._root) {
-        return; // the user chose another root meanwhile
-      }
+    this._applied = seq;
+    if (protocol !== null) {
       this._protocol = protocol;
-      this._checkpoints = checkpoints;
-      this._operations = operations;
-      this._error = null;
-    } catch (reason) {
-      if (root !== this._root) {
-        return;
-      }
-      this._error = reason instanceof Error ? reason.message : String(reason);
-      this._checkpoints = null;
-      this._operations = null;
+    }
+    this._activity = activity;
+    if (answer !== null && generation === this._generation) {
+      this._checkpoints = answer.checkpoints;
+      this._operations = answer.operations;
+      this._error = answer.error;
     }
     this._changed.emit();
     this._schedule();
+  }
+
+  /** Ask the server which roots to offer (running clusters' and those on disk). */
+  async loadRoots(): Promise<void> {
+    this._scanning = true;
+    this._changed.emit();
+    try {
+      this._roots = await requestAPI<IRoots>('roots', {});
+      this._rootsError = null;
+    } catch (reason) {
+      this._rootsError = message(reason);
+    } finally {
+      this._scanning = false;
+    }
+    if (!this._disposed) {
+      this._changed.emit();
+    }
   }
 
   /** Fetch one operation's merged journal, with the protocol's names to draw it. */
@@ -189,15 +397,32 @@ export class CheckpointsModel {
   }
 
   dispose(): void {
+    this._disposed = true;
     window.clearTimeout(this._timer);
+    document.removeEventListener('visibilitychange', this._onVisibility);
     Signal.clearData(this);
   }
 
+  private async _loadRoot(root: string): Promise<IRootAnswer> {
+    try {
+      const [checkpoints, operations] = await Promise.all([
+        requestAPI<ICheckpoints>('checkpoints', { root }),
+        requestAPI<IOperations>('operations', { root })
+      ]);
+      return { checkpoints, operations, error: null };
+    } catch (reason) {
+      return { checkpoints: null, operations: null, error: message(reason) };
+    }
+  }
+
   private _schedule(): void {
-    const busy =
-      this.inFlight.length > 0 ||
-      (this._checkpoints?.counts.in_progress ?? 0) > 0;
-    const seconds = busy ? this.refreshSeconds : this.idleRefreshSeconds;
+    window.clearTimeout(this._timer);
+    this._timer = 0;
+    // A hidden browser tab polls nothing; it reloads when shown again.
+    if (this._disposed || document.hidden) {
+      return;
+    }
+    const seconds = this.busy ? this.refreshSeconds : this.idleRefreshSeconds;
     if (seconds > 0) {
       this._timer = window.setTimeout(
         () => void this.refresh(),
@@ -206,11 +431,40 @@ export class CheckpointsModel {
     }
   }
 
+  private _onVisibility = (): void => {
+    if (document.hidden) {
+      window.clearTimeout(this._timer);
+      this._timer = 0;
+    } else {
+      void this.refresh();
+    }
+  };
+
   private _root: string | null = null;
+  private _generation = 0;
+  private _seq = 0;
+  private _applied = 0;
   private _checkpoints: ICheckpoints | null = null;
   private _operations: IOperations | null = null;
   private _error: string | null = null;
   private _protocol: IProtocol | null = null;
+  private _activity: IActivity | null = null;
+  private _roots: IRoots | null = null;
+  private _rootsError: string | null = null;
+  private _scanning = false;
+  private _visible = false;
+  private _disposed = false;
   private _timer = 0;
   private _changed = new Signal<this, void>(this);
+  private _rootChanged = new Signal<this, string>(this);
+}
+
+/** How an operation is named in lists: its kind, then a barrier's name or the step. */
+export function label(op: {
+  kind: string;
+  step: number | null;
+  name?: string | null;
+}): string {
+  const what = op.name ?? (op.step === null ? '' : String(op.step));
+  return what ? `${op.kind} ${what}` : op.kind;
 }

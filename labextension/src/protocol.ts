@@ -37,6 +37,8 @@ export interface IStatusNames {
   committed: string;
   restored: string;
   failed: string;
+  /** A process that others report dead, which recorded no end of its own. */
+  dead: string;
   done: string;
   open: string;
 }
@@ -73,15 +75,4 @@ export function loadProtocol(): Promise<IProtocol> {
     });
   }
   return cached;
-}
-
-/** Whether a phase name is a barrier wait. */
-export function isBarrier(protocol: IProtocol, phase: string): boolean {
-  return phase.startsWith(protocol.barrier_prefix);
-}
-
-/** The CSS word of a phase: the barrier prefix's word for barrier waits, else its name. */
-export function phaseKind(protocol: IProtocol, phase: string): string {
-  const word = isBarrier(protocol, phase) ? protocol.barrier_prefix : phase;
-  return word.replace(/[^a-z_]/g, '');
 }

@@ -3,12 +3,14 @@ import { Widget } from '@lumino/widgets';
 
 import {
   CheckpointsModel,
+  IClusterRoot,
   IEntry,
   IOperation,
-  IOperationSummary
+  IOperationSummary,
+  label
 } from './model';
-import { IProtocol, phaseKind } from './protocol';
-import { renderTimeline } from './timeline';
+import { IProtocol } from './protocol';
+import { renderLegend, renderTimeline } from './timeline';
 
 /** Format a byte count the way people read it. */
 export function formatBytes(bytes: number): string {
@@ -59,7 +61,8 @@ function badge(state: string): HTMLSpanElement {
 }
 
 /**
- * The "Checkpoints" sidebar: a root chooser, the root's steps with state badges, its
+ * The "Checkpoints" sidebar: a root chooser (with the roots running clusters use and
+ * those found below the server root), the root's steps with state badges, its
  * operations, and the per-process timeline of the selected operation.
  */
 export class CheckpointsPanel extends Widget {
@@ -72,7 +75,7 @@ export class CheckpointsPanel extends Widget {
     const form = el('form', 'nbckpt-root-form');
     this._input = el('input', 'nbckpt-root-input jp-mod-styled');
     this._input.placeholder =
-      'checkpoint root, relative to the server root, or s3://bucket/prefix';
+      'checkpoint root under the server root (relative or absolute), or s3://bucket/prefix';
     this._input.setAttribute('aria-label', 'Checkpoint root');
     const open = el(
       'button',
@@ -82,11 +85,30 @@ export class CheckpointsPanel extends Widget {
     open.type = 'submit';
     const refresh = el('button', 'nbckpt-refresh jp-mod-styled', 'Refresh');
     refresh.type = 'button';
-    refresh.addEventListener('click', () => void this.model.refresh());
+    refresh.addEventListener('click', () => void this.model.refresh(true));
     form.append(this._input, open, refresh);
     form.addEventListener('submit', event => {
       event.preventDefault();
       void this.model.setRoot(this._input.value.trim());
+    });
+
+    this._roots = el('details', 'nbckpt-roots');
+    const summary = el('summary', 'nbckpt-roots-summary', 'Roots');
+    this._rootsList = el('ul', 'nbckpt-roots-list');
+    this._rootsNote = el('div', 'nbckpt-roots-note');
+    const rescan = el(
+      'button',
+      'nbckpt-roots-rescan jp-mod-styled',
+      'Scan again'
+    );
+    rescan.type = 'button';
+    rescan.title = 'Look again for checkpoint roots below the server root';
+    rescan.addEventListener('click', () => void this.model.loadRoots());
+    this._roots.append(summary, this._rootsList, this._rootsNote, rescan);
+    this._roots.addEventListener('toggle', () => {
+      if (this._roots.open && !this.model.scanning) {
+        void this.model.loadRoots();
+      }
     });
 
     this._status = el('div', 'nbckpt-status');
@@ -96,6 +118,7 @@ export class CheckpointsPanel extends Widget {
     this.node.append(
       el('h2', 'nbckpt-title', 'Checkpoints'),
       form,
+      this._roots,
       this._status,
       el('h3', 'nbckpt-heading', 'Steps'),
       this._steps,
@@ -104,6 +127,7 @@ export class CheckpointsPanel extends Widget {
       this._timeline
     );
     this.model.changed.connect(this._render, this);
+    this.model.rootChanged.connect(this._onRootChanged, this);
     this._render();
   }
 
@@ -118,6 +142,11 @@ export class CheckpointsPanel extends Widget {
     await this.model.setRoot(root);
   }
 
+  /** Show or hide the list of roots (it loads when shown). */
+  showRoots(open: boolean): void {
+    this._roots.open = open;
+  }
+
   /** Load and draw one operation's timeline. */
   async showOperation(op: string): Promise<void> {
     if (this._selected !== op) {
@@ -125,17 +154,21 @@ export class CheckpointsPanel extends Widget {
     }
     this._selected = op;
     this._highlight();
+    // An answer for a root the user has left since is dropped, success or failure.
+    const generation = this.model.generation;
     let data: IOperation;
     let protocol: IProtocol;
     try {
       [data, protocol] = await this.model.operation(op);
     } catch (reason) {
-      this._timeline.replaceChildren(
-        el('div', 'nbckpt-error', `Cannot load ${op}: ${String(reason)}`)
-      );
+      if (generation === this.model.generation && this._selected === op) {
+        this._timeline.replaceChildren(
+          el('div', 'nbckpt-error', `Cannot load ${op}: ${String(reason)}`)
+        );
+      }
       return;
     }
-    if (this._selected !== op) {
+    if (generation !== this.model.generation || this._selected !== op) {
       return;
     }
     this._drawTimeline(data, protocol);
@@ -150,19 +183,36 @@ export class CheckpointsPanel extends Widget {
 
   protected onAfterShow(msg: Message): void {
     super.onAfterShow(msg);
+    this.model.visible = true;
     this.whenShown?.();
+  }
+
+  protected onAfterHide(msg: Message): void {
+    super.onAfterHide(msg);
+    this.model.visible = false;
   }
 
   dispose(): void {
     this.model.changed.disconnect(this._render, this);
+    this.model.rootChanged.disconnect(this._onRootChanged, this);
     super.dispose();
+  }
+
+  /** Another root: nothing of the previous one stays on screen. */
+  private _onRootChanged(_: CheckpointsModel, root: string): void {
+    this._input.value = root;
+    this._selected = null;
+    this._shown = null;
+    this._stale = false;
+    this._timeline.replaceChildren();
+    this._steps.replaceChildren();
+    this._ops.replaceChildren();
+    this._renderRoots();
   }
 
   private _render(): void {
     const model = this.model;
-    if (model.root !== null && this._input.value === '' && model.root !== '') {
-      this._input.value = model.root;
-    }
+    this._renderRoots();
     if (model.error) {
       this._status.className = 'nbckpt-status nbckpt-error';
       this._status.textContent = model.error;
@@ -171,13 +221,15 @@ export class CheckpointsPanel extends Widget {
       this._status.className = 'nbckpt-status';
       const saving = model.inFlight.length;
       this._status.textContent =
-        `${c.entries.length} entries in ${c.root}` +
+        `${c.entries.length} ${c.entries.length === 1 ? 'entry' : 'entries'} in ${c.root}` +
         (saving ? `, ${saving} saving` : '') +
         ` (updated ${new Date(c.time * 1000).toLocaleTimeString()})`;
     } else {
       this._status.className = 'nbckpt-status';
       this._status.textContent =
-        model.root === null ? 'Choose a checkpoint root.' : 'Loading…';
+        model.root === null
+          ? 'Choose a checkpoint root above, or type one.'
+          : 'Loading…';
     }
     this._renderSteps(model.checkpoints?.entries ?? []);
     this._renderOps(model.operations?.operations ?? []);
@@ -256,7 +308,7 @@ export class CheckpointsPanel extends Widget {
       item.title = op.op;
       item.append(
         badge(op.status),
-        el('span', 'nbckpt-op-kind', `${op.kind} ${op.step ?? ''}`),
+        el('span', 'nbckpt-op-kind', label(op)),
         el('span', 'nbckpt-op-time', formatTime(op.start))
       );
       item.addEventListener('click', () => void this.showOperation(op.op));
@@ -267,6 +319,111 @@ export class CheckpointsPanel extends Widget {
     }
     this._ops.replaceChildren(...items);
     this._highlight();
+  }
+
+  /** The running clusters' roots (with what runs there) and the roots found on disk. */
+  private _renderRoots(): void {
+    const model = this.model;
+    const clusters: IClusterRoot[] =
+      model.activity?.clusters ?? model.roots?.clusters ?? [];
+    const shown = model.checkpoints?.root ?? model.root;
+    const items: HTMLLIElement[] = [];
+    const listed = new Set<string>();
+    for (const cluster of [...clusters].reverse()) {
+      listed.add(cluster.root);
+      const item = this._rootItem(cluster.root, cluster.openable, shown);
+      item.classList.add('nbckpt-root-cluster');
+      item.title =
+        `${cluster.path}: used by a running cluster (kernel pid ${cluster.pid})` +
+        (cluster.reason ? `; ${cluster.reason}` : '');
+      const tags = el('span', 'nbckpt-root-tags');
+      tags.append(el('span', 'nbckpt-root-tag', 'cluster'));
+      const statuses = model.protocol?.statuses;
+      if (cluster.in_flight.length) {
+        tags.append(
+          el(
+            'span',
+            `nbckpt-badge nbckpt-badge-${statuses?.running} nbckpt-root-in-flight`,
+            `${cluster.in_flight.length} in flight`
+          )
+        );
+      }
+      if (cluster.failed.length) {
+        tags.append(
+          el(
+            'span',
+            `nbckpt-badge nbckpt-badge-${statuses?.failed} nbckpt-root-failed`,
+            `${cluster.failed.length} failed`
+          )
+        );
+      }
+      if (!cluster.openable) {
+        tags.append(
+          el('span', 'nbckpt-root-reason', cluster.reason ?? 'not readable')
+        );
+      }
+      item.append(tags);
+      items.push(item);
+    }
+    for (const found of model.roots?.found ?? []) {
+      if (!listed.has(found.root)) {
+        const item = this._rootItem(found.root, true, shown);
+        item.classList.add('nbckpt-root-found');
+        item.title = found.path;
+        items.push(item);
+      }
+    }
+    if (items.length === 0 && model.roots !== null) {
+      items.push(
+        el(
+          'li',
+          'nbckpt-empty',
+          'No running cluster uses a root, and none was found below the server root.'
+        )
+      );
+    }
+    this._rootsList.replaceChildren(...items);
+    const count = items.filter(i => i.dataset.root !== undefined).length;
+    this._roots.querySelector('summary')!.textContent = count
+      ? `Roots (${count})`
+      : 'Roots';
+    let note = '';
+    if (model.scanning) {
+      note = 'Looking for roots…';
+    } else if (model.rootsError) {
+      note = model.rootsError;
+    } else if (model.roots?.truncated) {
+      note =
+        'The search stopped at its depth or time limit: type a deeper root.';
+    }
+    this._rootsNote.textContent = note;
+    this._rootsNote.className =
+      'nbckpt-roots-note' + (model.rootsError ? ' nbckpt-error' : '');
+  }
+
+  private _rootItem(
+    root: string,
+    openable: boolean,
+    shown: string | null
+  ): HTMLLIElement {
+    const item = el('li', 'nbckpt-root');
+    item.dataset.root = root;
+    item.append(
+      el('span', 'nbckpt-root-path', root === '.' ? '. (server root)' : root)
+    );
+    if (root === shown) {
+      item.classList.add('nbckpt-selected');
+    }
+    if (openable) {
+      item.classList.add('nbckpt-clickable');
+      item.addEventListener('click', () => {
+        this._roots.open = false;
+        void this.openRoot(root);
+      });
+    } else {
+      item.classList.add('nbckpt-root-disabled');
+    }
+    return item;
   }
 
   private _highlight(): void {
@@ -284,24 +441,9 @@ export class CheckpointsPanel extends Widget {
     const running = protocol.statuses.running;
     this._stale = op.status === running;
     const title = el('div', 'nbckpt-timeline-title');
-    title.append(
-      badge(op.status),
-      el('span', 'nbckpt-timeline-op', `${op.kind} of step ${op.step ?? '?'}`)
-    );
-    const legend = el('div', 'nbckpt-legend');
-    const phases = protocol.phase_names;
-    const barrier = phaseKind(protocol, protocol.barrier_prefix);
-    for (const [kind, label] of [
-      [phases.snapshot, phases.snapshot],
-      [phases.write, phases.write],
-      [barrier, `${barrier} wait`],
-      [phases.finalize, phases.finalize],
-      [protocol.statuses.failed, protocol.statuses.failed]
-    ]) {
-      const item = el('span', 'nbckpt-legend-item');
-      item.append(el('span', `nbckpt-swatch nbckpt-swatch-${kind}`), label);
-      legend.appendChild(item);
-    }
+    title.append(badge(op.status), el('span', 'nbckpt-timeline-op', label(op)));
+    // The errors are listed below the drawing, with the processes that left none.
+    const legend = renderLegend(op, protocol);
     const errors = el('ul', 'nbckpt-timeline-errors');
     for (const proc of Object.values(op.processes)) {
       if (proc.error) {
@@ -335,7 +477,8 @@ export class CheckpointsPanel extends Widget {
       renderTimeline(
         op,
         protocol,
-        this._timeline.clientWidth || this.node.clientWidth - 16
+        this._timeline.clientWidth || this.node.clientWidth - 16,
+        { errors: false }
       ),
       legend,
       missing,
@@ -344,6 +487,9 @@ export class CheckpointsPanel extends Widget {
   }
 
   private _input: HTMLInputElement;
+  private _roots: HTMLDetailsElement;
+  private _rootsList: HTMLUListElement;
+  private _rootsNote: HTMLDivElement;
   private _status: HTMLDivElement;
   private _steps: HTMLTableElement;
   private _ops: HTMLUListElement;

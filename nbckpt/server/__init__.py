@@ -6,8 +6,12 @@ Routes (under the server's base URL), every one ``@tornado.web.authenticated``:
 - ``GET nbckpt/api/operations?root=R``
 - ``GET nbckpt/api/operations/<op>?root=R``
 - ``GET nbckpt/api/protocol``: the protocol's names (:func:`nbckpt.protocol.as_json`)
+- ``GET nbckpt/api/roots``: the roots running clusters use, and roots found below the
+  server's root directory (:mod:`nbckpt.server.roots`)
+- ``GET nbckpt/api/activity``: saves in flight and failures in running clusters' roots
 
-``R`` is relative to the server's root directory and may not leave it.
+``R`` is relative to the server's root directory, or an absolute path under it, and
+may not leave it.
 """
 
 from __future__ import annotations

@@ -19,10 +19,12 @@ from nbckpt.errors import StorageError
 from nbckpt.server.manager import CheckpointManager, ManagerError, StoreFailedError
 
 __all__ = [
+    "ActivityHandler",
     "CheckpointsHandler",
     "OperationHandler",
     "OperationsHandler",
     "ProtocolHandler",
+    "RootsHandler",
     "setup_handlers",
 ]
 
@@ -36,9 +38,12 @@ class _BaseHandler(APIHandler):
         self.manager = manager
 
     async def _answer(self, fn: Any, *args: Any) -> None:
-        root = self.get_query_argument("root", None)
+        """Answer with ``fn(root, *args)``, ``root`` from the query."""
+        await self._run(fn, self.get_query_argument("root", None), *args)
+
+    async def _run(self, fn: Any, *args: Any) -> None:
         try:
-            data = await asyncio.to_thread(fn, root, *args)
+            data = await asyncio.to_thread(fn, *args)
         except ManagerError as e:
             self.set_status(e.status)
             data = {"message": str(e)}
@@ -75,6 +80,24 @@ class OperationHandler(_BaseHandler):
         await self._answer(self.manager.operation, op)
 
 
+class RootsHandler(_BaseHandler):
+    """``GET /nbckpt/api/roots``: running clusters' roots, and roots found on disk."""
+
+    @tornado.web.authenticated
+    async def get(self) -> None:
+        """Answer with :meth:`CheckpointManager.roots`."""
+        await self._run(self.manager.roots)
+
+
+class ActivityHandler(_BaseHandler):
+    """``GET /nbckpt/api/activity``: what is in flight or failed in running clusters' roots."""
+
+    @tornado.web.authenticated
+    async def get(self) -> None:
+        """Answer with :meth:`CheckpointManager.activity`."""
+        await self._run(self.manager.activity)
+
+
 class ProtocolHandler(_BaseHandler):
     """``GET /nbckpt/api/protocol``: the protocol's names, for the lab extension."""
 
@@ -95,5 +118,7 @@ def setup_handlers(web_app: Any, root_dir: str) -> None:
             (url_path_join(base, "operations"), OperationsHandler, kwargs),
             (url_path_join(base, "operations", "([^/]+)"), OperationHandler, kwargs),
             (url_path_join(base, "protocol"), ProtocolHandler, kwargs),
+            (url_path_join(base, "roots"), RootsHandler, kwargs),
+            (url_path_join(base, "activity"), ActivityHandler, kwargs),
         ],
     )

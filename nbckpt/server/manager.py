@@ -5,6 +5,11 @@ directory, refuses anything that would leave it, and returns JSON-able data buil
 :mod:`nbckpt.inventory` and :mod:`nbckpt.journal`, and the protocol's names from
 :mod:`nbckpt.protocol`. The handlers only translate HTTP.
 
+A root may be given relative to the server's root or as an absolute path under it (what
+a notebook prints). :meth:`CheckpointManager.roots` offers the roots the running
+clusters use and those found below the server's root (:mod:`nbckpt.server.roots`), and
+:meth:`CheckpointManager.activity` what is in flight or failed in the former.
+
 A root may also be an object-store URL (``s3://bucket/prefix``) when the server has
 credentials for that store in its own environment (``AWS_ACCESS_KEY_ID`` and
 ``AWS_SECRET_ACCESS_KEY``, or ``AWS_PROFILE``): it is then read with those credentials,
@@ -16,15 +21,17 @@ from __future__ import annotations
 
 import os
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from nbckpt import storage
-from nbckpt.errors import StorageURLError
+from nbckpt.errors import StorageError, StorageURLError
 from nbckpt.inventory import classify
 from nbckpt.journal import list_operations, read_operation
 from nbckpt.layout import ops_dir
-from nbckpt.protocol import as_json
+from nbckpt.protocol import Kind, Status, as_json, parse_op_id
+from nbckpt.server.roots import ClusterRecord, running_clusters, scan
 from nbckpt.storage import Location
 
 __all__ = [
@@ -76,21 +83,52 @@ def has_object_credentials() -> bool:
     )
 
 
+#: Operations of a running cluster's root that started this long before the cluster
+#: registered it still count as its own (clocks of one machine, rounding of op ids).
+_SINCE_SLACK_S = 2.0
+#: How many finished operations' summaries :meth:`CheckpointManager.activity` keeps.
+_FINISHED_CACHE = 4096
+
+
+def _op_time(stamp: str) -> float:
+    """The Unix time of an operation id's UTC stamp (``20260101T000000[.000001]``)."""
+    fmt = "%Y%m%dT%H%M%S.%f" if "." in stamp else "%Y%m%dT%H%M%S"
+    return datetime.strptime(stamp, fmt).replace(tzinfo=UTC).timestamp()
+
+
 class CheckpointManager:
     """Answer questions about checkpoint roots under one directory.
 
     Parameters
     ----------
     root_dir
-        The server's root directory. Every root is relative to it, and no root may
-        resolve (after following symlinks) outside it.
+        The server's root directory. Every root is relative to it (or an absolute path
+        under it), and no root may resolve (after following symlinks) outside it.
     stale_after_s
         Passed to :func:`nbckpt.inventory.classify`.
+    clusters_dir
+        Where running clusters register their roots (default:
+        :func:`nbckpt.cluster.clusters_dir`, read at each request).
+    scan_depth, scan_budget_s
+        How deep below ``root_dir``, and for how long, :meth:`roots` looks for roots.
     """
 
-    def __init__(self, root_dir: str | os.PathLike[str], *, stale_after_s: float = 600.0) -> None:
+    def __init__(
+        self,
+        root_dir: str | os.PathLike[str],
+        *,
+        stale_after_s: float = 600.0,
+        clusters_dir: Path | None = None,
+        scan_depth: int = 4,
+        scan_budget_s: float = 1.0,
+    ) -> None:
         self.root_dir = Path(os.path.realpath(os.path.expanduser(root_dir)))
         self.stale_after_s = stale_after_s
+        self.clusters_dir = clusters_dir
+        self.scan_depth = scan_depth
+        self.scan_budget_s = scan_budget_s
+        # Finished operations never change: their summaries are read once.
+        self._finished: dict[tuple[str, str], dict[str, Any]] = {}
 
     def resolve(self, root: str | None) -> Location:
         """Return the real path of ``root``, which must lie inside the root directory.
@@ -100,8 +138,8 @@ class CheckpointManager:
         BadRequestError
             If ``root`` is missing.
         ForbiddenPathError
-            If ``root`` is absolute, or resolves outside the root directory (through
-            ``..`` or a symlink).
+            If ``root`` resolves outside the root directory (an absolute path or ``~``
+            elsewhere, ``..``, or a symlink).
         NotFoundError
             If it resolves to nothing, or to something that is not a directory.
         """
@@ -112,11 +150,12 @@ class CheckpointManager:
         rel = root.strip()
         if storage.is_url(rel):
             return self._object_root(rel)
-        if os.path.isabs(rel) or rel.startswith("~"):
-            raise ForbiddenPathError(f"root {root!r} must be relative to the server's root")
-        real = Path(os.path.realpath(self.root_dir / rel))
+        # A notebook prints absolute paths: one under the root directory is the relative
+        # root it names; one elsewhere is refused like a way out through "..".
+        path = Path(os.path.expanduser(rel))
+        real = Path(os.path.realpath(path if path.is_absolute() else self.root_dir / path))
         if not self._inside(real):
-            raise ForbiddenPathError(f"root {root!r} is outside the server's root")
+            raise ForbiddenPathError(self._outside(root))
         if not real.is_dir():
             raise NotFoundError(f"no directory {root!r} under the server's root")
         return real
@@ -139,8 +178,14 @@ class CheckpointManager:
     def relative_or_refuse(self, path: Path) -> str:
         """``path`` relative to the root directory, or a 403 if it is outside."""
         if not self._inside(path):
-            raise ForbiddenPathError(f"root {str(path)!r} is outside the server's root")
+            raise ForbiddenPathError(self._outside(str(path)))
         return self.relative(path)
+
+    def _outside(self, root: str) -> str:
+        return (
+            f"root {root!r} is outside the server's root {str(self.root_dir)!r}: open a "
+            "root under it, or start JupyterLab from a directory that holds this one"
+        )
 
     def _inside(self, path: Location) -> bool:
         if not isinstance(path, Path):
@@ -195,7 +240,11 @@ class CheckpointManager:
         return {"root": self.relative(real), "time": now, "entries": entries, "counts": counts}
 
     def operations(self, root: str | None) -> dict[str, Any]:
-        """List the journaled operations of ``root``, newest first, without events."""
+        """List the journaled operations of ``root``, newest first, without events.
+
+        Each has ``name``: a user barrier's name (None for saves and restores, and
+        ``step`` is None for a barrier), by which a list should name it.
+        """
         real = self.resolve(root)
         journal = self._journal_of(real)
         ops = []
@@ -208,6 +257,7 @@ class CheckpointManager:
                     "op": rec.op,
                     "kind": rec.kind,
                     "step": rec.step,
+                    "name": rec.name,
                     "status": rec.status,
                     "start": rec.start,
                     "end": rec.end,
@@ -239,3 +289,118 @@ class CheckpointManager:
         data["root"] = self.relative(real)
         data["time"] = time.time()
         return data
+
+    # -- which roots to offer, and what runs in them ----------------------------------
+
+    def roots(self) -> dict[str, Any]:
+        """List the roots to offer: the running clusters' roots, then those found on disk.
+
+        Returns
+        -------
+        dict
+            ``time``; ``server_root`` (the root directory's absolute path);
+            ``clusters`` as in :meth:`activity`; ``found``: ``{"root", "path"}`` for
+            each directory below the root directory that looks like a checkpoint root
+            (:func:`nbckpt.server.roots.scan`) and is not a cluster's; ``truncated``:
+            whether the scan stopped at its depth or time bound.
+        """
+        clusters = self.activity()["clusters"]
+        taken = {c["root"] for c in clusters}
+        found = scan(self.root_dir, max_depth=self.scan_depth, budget_s=self.scan_budget_s)
+        listed = [
+            {"root": self.relative(p), "path": str(p)}
+            for p in found.roots
+            if self.relative(p) not in taken
+        ]
+        return {
+            "time": time.time(),
+            "server_root": str(self.root_dir),
+            "clusters": clusters,
+            "found": listed,
+            "truncated": found.truncated,
+        }
+
+    def activity(self) -> dict[str, Any]:
+        """Say, for each running cluster's root, what is in flight and what failed.
+
+        Only operations the cluster's notebook could have started count: those that
+        began after it registered the root. A root outside the root directory is
+        listed, not read.
+
+        Returns
+        -------
+        dict
+            ``time``, and ``clusters``: one dict per running cluster, oldest first,
+            with ``root`` (as the sidebar opens it: relative, or a URL), ``path`` (as
+            registered), ``openable`` and ``reason`` (why not), ``pid``, ``profile``,
+            ``cluster_id``, ``since`` (when it registered), and ``in_flight`` and
+            ``failed``: summaries (``op``, ``kind``, ``step``, ``name``, ``status``,
+            ``start``) of its saves and restores still running, and of its operations
+            that failed.
+        """
+        records = running_clusters(self.clusters_dir)
+        return {"time": time.time(), "clusters": [self._cluster(r) for r in records]}
+
+    def _cluster(self, record: ClusterRecord) -> dict[str, Any]:
+        entry: dict[str, Any] = {
+            "root": record.root,
+            "path": record.root,
+            "openable": False,
+            "reason": None,
+            "pid": record.pid,
+            "profile": record.profile,
+            "cluster_id": record.cluster_id,
+            "since": record.time,
+            "in_flight": [],
+            "failed": [],
+        }
+        real: Location
+        try:
+            if storage.is_url(record.root):
+                real = self.resolve(record.root)
+            else:
+                # realpath, not resolve: a root nothing was saved to yet has no
+                # directory, and can still be opened (it shows its first save).
+                real = Path(os.path.realpath(record.root))
+                if not self._inside(real):
+                    raise ForbiddenPathError(self._outside(record.root))
+            entry.update(root=self.relative(real), openable=True)
+            if isinstance(real, Path) and not real.is_dir():
+                entry["reason"] = "nothing saved there yet"
+                return entry
+            entry["in_flight"], entry["failed"] = self._recent(real, record.time)
+        except (ManagerError, StorageError) as e:
+            entry["reason"] = str(e)
+        return entry
+
+    def _recent(self, real: Location, since: float) -> tuple[list[Any], list[Any]]:
+        """The running saves and restores, and the failed operations, begun since ``since``."""
+        journal = self._journal_of(real)
+        in_flight, failed = [], []
+        for op in list_operations(real):
+            parsed = parse_op_id(op)
+            if parsed is None or _op_time(parsed.time) < since - _SINCE_SLACK_S:
+                continue
+            key = (str(real), op)
+            summary = self._finished.get(key)
+            if summary is None:
+                if not self._inside(journal / op):
+                    continue
+                rec = read_operation(real, op)
+                summary = {
+                    "op": rec.op,
+                    "kind": rec.kind,
+                    "step": rec.step,
+                    "name": parsed.name,
+                    "status": rec.status,
+                    "start": rec.start,
+                }
+                if rec.status not in (Status.RUNNING, Status.NOT_STARTED):
+                    if len(self._finished) >= _FINISHED_CACHE:
+                        self._finished.clear()
+                    self._finished[key] = summary
+            if summary["status"] == Status.FAILED:
+                failed.append(summary)
+            elif summary["status"] == Status.RUNNING and summary["kind"] != Kind.BARRIER:
+                in_flight.append(summary)
+        return in_flight, failed

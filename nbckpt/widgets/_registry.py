@@ -15,6 +15,7 @@ from nbckpt.protocol import barrier_op_glob
 
 if TYPE_CHECKING:
     from nbckpt.widgets.progress import ProgressWidget
+    from nbckpt.widgets.runs import RunsView
 
 __all__ = ["Closable", "LiveViews"]
 
@@ -39,6 +40,8 @@ class LiveViews:
     def __init__(self, shell: Any) -> None:
         self._shell = shell
         self._views: dict[str, ProgressWidget] = {}
+        #: The ``%ckpt_watch`` table, while it follows a root.
+        self.runs: RunsView | None = None
 
     @property
     def in_kernel(self) -> bool:
@@ -112,3 +115,29 @@ class LiveViews:
         from nbckpt.widgets.text import render_text
 
         return render_text(JournalTailer(root, op).view())
+
+    def watch_runs(self, root: str | os.PathLike[str], limit: int) -> str | None:
+        """Show every save under ``root`` live (replacing the watch before), or its text.
+
+        Returns the table's text when there are no widgets (a plain shell): printed
+        once, since a terminal cannot redraw it in place between prompts.
+        """
+        if not self.in_kernel:
+            from nbckpt.widgets.runs import RunWatch, runs_text
+
+            watch = RunWatch(root, limit=limit)
+            watch.poll()
+            return f"saves under {root}, newest first\n{runs_text(watch.rows())}"
+        from nbckpt.widgets.runs import watch_runs
+
+        self.stop_watching()
+        self.runs = watch_runs(root, limit=limit)
+        return None
+
+    def stop_watching(self) -> bool:
+        """Stop the ``%ckpt_watch`` table; tell whether one was following."""
+        runs, self.runs = self.runs, None
+        if runs is None or runs.live is None:
+            return False
+        runs.close()
+        return True

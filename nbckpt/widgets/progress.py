@@ -1,51 +1,55 @@
 """The per-host progress widget: synced traitlets plus an ES module (anywidget).
 
-The ES module is built from ``labextension/src/widget/progress.ts`` into
-``static/progress.js`` next to this file by the package's build hook (``pip install``
-runs ``jlpm build:prod`` in ``labextension/``); its CSS is ``progress.css``.
+The ES module is built from ``labextension/src/widget/progress.ts`` (bundled with the
+lab sidebar's timeline, ``labextension/src/timeline.ts``) into ``static/progress.js``
+next to this file by the package's build hook (``pip install`` runs ``jlpm build:prod``
+in ``labextension/``); its CSS, ``static/progress.css``, is built from
+``labextension/style/widget.css`` with the shared palette and timeline rules.
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anywidget
 import traitlets
 
+from nbckpt.journal import OperationRecord
 from nbckpt.monitor import OperationView, ProcessView
-from nbckpt.protocol import Kind, Status
-from nbckpt.widgets.text import human_bytes, render_text
+from nbckpt.protocol import Kind, Status, as_json
+from nbckpt.widgets.text import bytes_done, human_bytes, render_text, what_of
 
 if TYPE_CHECKING:
     from nbckpt.widgets.live import LiveUpdater
 
-__all__ = ["ProgressWidget", "rows_from_view", "title_of"]
+__all__ = ["ProgressWidget", "rows_from_view", "timeline_of", "title_of"]
 
 _HERE = Path(__file__).parent
 #: The built front end; see ``labextension/src/widget/progress.ts``.
 ESM_PATH = _HERE / "static" / "progress.js"
-CSS_PATH = _HERE / "progress.css"
+CSS_PATH = _HERE / "static" / "progress.css"
 
 
-def _front_end() -> Path:
-    if not ESM_PATH.is_file():
+def _front_end(path: Path = ESM_PATH) -> Path:
+    if not path.is_file():
         raise FileNotFoundError(
-            f"the progress widget's front end {ESM_PATH} is missing: it is built when the "
+            f"the progress widget's front end {path} is missing: it is built when the "
             "package is installed (pip install -e .), or by `jlpm build:widget` in labextension/"
         )
-    return ESM_PATH
+    return path
 
 
 def _ms(t: float | None, t0: float | None) -> str:
     return "?" if t is None or t0 is None else f"+{(t - t0) * 1e3:.0f} ms"
 
 
-def _who(processes: list[int]) -> str:
-    return ", ".join(str(p) for p in processes)
+def _who(processes: list[int], dead: set[int] | None = None) -> str:
+    return ", ".join(f"{p} (dead)" if p in (dead or set()) else str(p) for p in processes)
 
 
-def _barrier_cells(p: ProcessView, t0: float | None) -> list[dict[str, Any]]:
+def _barrier_cells(p: ProcessView, t0: float | None, dead: set[int]) -> list[dict[str, Any]]:
     cells = []
     for b in p.barriers:
         if b.released is not None:
@@ -55,9 +59,11 @@ def _barrier_cells(p: ProcessView, t0: float | None) -> list[dict[str, Any]]:
                 text += f" (waited for {_who(b.waited_for)})"
         elif p.status == Status.FAILED:
             state, text = Status.FAILED.value, f"{b.name} {_ms(b.arrived, t0)}, gave up"
+        elif p.status == Status.DEAD:
+            state, text = Status.FAILED.value, f"{b.name} {_ms(b.arrived, t0)}, died waiting"
         else:
             state = "waiting"
-            text = f"{b.name} {_ms(b.arrived, t0)}, waiting for {_who(b.waiting_for) or '-'}"
+            text = f"{b.name} {_ms(b.arrived, t0)}, waiting for {_who(b.waiting_for, dead) or '-'}"
         cells.append(
             {
                 "name": b.name,
@@ -80,35 +86,60 @@ def _end_text(p: ProcessView, t0: float | None) -> str:
         parts.append(f"{p.status} {_ms(p.committed, t0)}")
     if p.error_phase:
         parts.append(f"during {p.error_phase}")
+    if p.status == Status.DEAD and p.note:
+        parts.append(p.note)  # the evidence: since when it is silent, and who says so
     return ", ".join(parts)
+
+
+def _bytes_cell(view: OperationView, p: ProcessView) -> dict[str, Any]:
+    """The bytes part of a row: its bar's fraction, whether to draw the bar, its text."""
+    done, total = bytes_done(view, p), p.bytes_total
+    text = f"{human_bytes(done)} / {human_bytes(total)}"
+    if p.fault:
+        text += f" ({p.fault})"
+    if view.kind == Kind.SAVE and not p.own_data:
+        # Nothing of its own to write: a full bar of "0 B / 0 B" would claim work done.
+        return {"fraction": 0.0, "show_bar": False, "bytes_text": p.note or text}
+    if total:
+        return {"fraction": round(min(1.0, done / total), 4), "show_bar": True, "bytes_text": text}
+    return {"fraction": 0.0, "show_bar": True, "bytes_text": text}
 
 
 def rows_from_view(view: OperationView) -> list[dict[str, Any]]:
     """The widget's ``rows``: one JSON-able dict per process of ``view``.
 
-    Each row has ``process``, ``phase``, ``status``, ``bytes_written``,
-    ``bytes_total``, ``fraction`` (0 to 1), ``bytes_text``, ``barriers`` (per barrier:
+    Each row has ``process``, ``phase`` (in the protocol's words), ``status``
+    (``dead`` for a process others report dead), ``bytes_written``, ``bytes_read``,
+    ``bytes_total``, ``bytes_done`` (read for a restore, written for a save) and
+    ``bytes_verb`` (``read`` or ``written``), ``fraction`` (0 to 1), ``show_bytes``,
+    ``show_bar`` (False where a bar would mislead: a process with nothing of its own
+    to write), ``bytes_text`` (then the reason, in words), ``barriers`` (per barrier:
     ``name``, ``state`` waiting/released/failed, ``text``, ``waiting_for``),
-    ``end_text`` (finalize and commit times), ``error`` and ``error_phase``.
+    ``end_text`` (finalize and commit times; for a dead process, the evidence),
+    ``note`` (why the row looks as it does, when it needs saying), ``fault`` (an
+    injected fault, e.g. ``slow-io x4``), ``dead_reported_by``, and ``error`` (whole:
+    the front end wraps it) and ``error_phase``.
     """
+    dead = {p.process for p in view.processes if p.status == Status.DEAD}
     rows = []
     for p in view.processes:
-        if p.bytes_total:
-            fraction = min(1.0, p.bytes_written / p.bytes_total)
-        else:
-            fraction = 1.0 if p.status in (Status.COMMITTED, Status.RESTORED) else 0.0
         rows.append(
             {
                 "process": p.process,
                 "phase": p.phase,
                 "status": p.status,
                 "bytes_written": p.bytes_written,
+                "bytes_read": p.bytes_read,
                 "bytes_total": p.bytes_total,
-                "fraction": round(fraction, 4),
+                "bytes_done": bytes_done(view, p),
+                "bytes_verb": "read" if view.kind == Kind.RESTORE else "written",
                 "show_bytes": view.kind in (Kind.SAVE, Kind.RESTORE),
-                "bytes_text": f"{human_bytes(p.bytes_written)} / {human_bytes(p.bytes_total)}",
-                "barriers": _barrier_cells(p, view.start),
+                **_bytes_cell(view, p),
+                "barriers": _barrier_cells(p, view.start, dead),
                 "end_text": _end_text(p, view.start),
+                "note": p.note,
+                "fault": p.fault,
+                "dead_reported_by": list(p.dead_reported_by),
                 "error": p.error,
                 "error_phase": p.error_phase,
             }
@@ -116,13 +147,22 @@ def rows_from_view(view: OperationView) -> list[dict[str, Any]]:
     return rows
 
 
+def timeline_of(record: OperationRecord) -> dict[str, Any]:
+    """The widget's ``timeline`` without ``now``: the merged journal, minus raw events.
+
+    It is ``record.to_dict()`` (what the lab sidebar's timeline draws) without each
+    process's ``events``, which the drawing does not need and which grow with every
+    progress event.
+    """
+    d = record.to_dict()
+    for proc in d["processes"].values():
+        proc.pop("events", None)
+    return d
+
+
 def title_of(view: OperationView) -> str:
-    """A one-line title: what the operation is and its id."""
-    if view.kind == Kind.BARRIER or view.step is None:
-        what = view.kind if view.processes else "waiting for the journal of"
-    else:
-        what = f"{view.kind} of step {view.step}"
-    return f"{what} {view.op}: {view.process_count} processes"
+    """A one-line title: what the operation is (a barrier by its name) and its id."""
+    return f"{what_of(view)} {view.op}: {view.process_count} processes"
 
 
 class ProgressWidget(anywidget.AnyWidget):
@@ -138,6 +178,14 @@ class ProgressWidget(anywidget.AnyWidget):
         ``running``, ``committed``, ``restored`` or ``failed`` (the whole operation).
     rows
         One dict per process; see :func:`rows_from_view`.
+    timeline
+        The merged journal the front end draws as a timeline (:func:`timeline_of`),
+        plus ``now``: the kernel's clock when it was sent, which open spans reach (and
+        grow from, in the browser, until the next update). ``{}`` until a record is
+        given.
+    protocol
+        The protocol's names the front end draws with (:func:`nbckpt.protocol.as_json`):
+        the widget runs in any Jupyter front end, so it never asks a server for them.
 
     Notes
     -----
@@ -151,17 +199,33 @@ class ProgressWidget(anywidget.AnyWidget):
     title = traitlets.Unicode("").tag(sync=True)
     status = traitlets.Unicode(Status.RUNNING.value).tag(sync=True)
     rows = traitlets.List(traitlets.Dict()).tag(sync=True)
+    timeline = traitlets.Dict().tag(sync=True)
+    protocol = traitlets.Dict().tag(sync=True)
     #: The updater that keeps this widget live (None once built from a finished journal).
     live: LiveUpdater | None = None
 
-    def __init__(self, view: OperationView | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        view: OperationView | None = None,
+        record: OperationRecord | None = None,
+        **kwargs: Any,
+    ) -> None:
+        kwargs.setdefault("protocol", as_json())
         super().__init__(**kwargs)
         self._view = view
         if view is not None:
-            self.update_from(view)
+            self.update_from(view, record)
 
-    def update_from(self, view: OperationView) -> bool:
+    def update_from(self, view: OperationView, record: OperationRecord | None = None) -> bool:
         """Show ``view``; send only the traits that changed, in one message.
+
+        Parameters
+        ----------
+        view
+            What the table shows.
+        record
+            The merged journal ``view`` was made from, for the timeline; None keeps the
+            timeline as it is.
 
         Returns
         -------
@@ -174,7 +238,11 @@ class ProgressWidget(anywidget.AnyWidget):
             "status": view.status,
             "rows": rows_from_view(view),
         }
-        changed = {k: v for k, v in new.items() if getattr(self, k) != v}
+        changed: dict[str, Any] = {k: v for k, v in new.items() if getattr(self, k) != v}
+        if record is not None:
+            timeline = timeline_of(record)
+            if {k: v for k, v in self.timeline.items() if k != "now"} != timeline:
+                changed["timeline"] = {**timeline, "now": time.time()}
         self._view = view
         if changed:
             with self.hold_sync():

@@ -1,41 +1,45 @@
-"""The timeline of one operation: a matplotlib figure with one row per process."""
+"""Timelines as matplotlib figures: one operation, or several on one time axis.
+
+Its colours are the lab's (:mod:`nbckpt.widgets.palette`): the sidebar, the live widget
+and this figure give each phase one hue. It draws in a light or a dark theme.
+"""
 
 from __future__ import annotations
 
 import os
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, Literal
 
+from matplotlib.axes import Axes
+from matplotlib.backend_bases import RendererBase
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
+from matplotlib.text import Text
+from matplotlib.transforms import Bbox
 
 from nbckpt import reads
 from nbckpt.journal import OperationRecord, PhaseSpan
 from nbckpt.protocol import BARRIER_PREFIX, Event, Kind, Phase, Status
+from nbckpt.widgets.palette import LIGHT, Palette, ThemeName, lab_theme, palette, role_of
 
-__all__ = ["PHASE_COLORS", "plot_timeline"]
+__all__ = ["PHASE_COLORS", "plot_timeline", "plot_timelines"]
 
 #: The colour key (and legend word) shared by every barrier wait, ``barrier:<name>``.
 _BARRIER = BARRIER_PREFIX.removesuffix(":")
 
-#: Fill colour of each phase; every barrier is drawn hatched in the barrier colour.
+#: Fill colour of each phase in the light theme (:data:`nbckpt.widgets.palette.LIGHT`);
+#: every barrier is drawn hatched in the barrier colour.
 PHASE_COLORS: dict[str, str] = {
-    Phase.SNAPSHOT: "#d62728",
-    Phase.WRITE: "#1f77b4",
-    Phase.FINALIZE: "#9467bd",
-    Phase.READ: "#17becf",
-    _BARRIER: "#f2b701",
+    role: color for role, color in LIGHT.roles().items() if role not in (Status.FAILED, "commit")
 }
+#: The legend's order: a save's phases as they happen, a restore's reads among them.
+_LEGEND_ORDER: tuple[str, ...] = (Phase.SNAPSHOT, Phase.READ, Phase.WRITE, _BARRIER, Phase.FINALIZE)
 _BLOCKING: set[str] = {Phase.SNAPSHOT}  # what ``save`` waits for before it returns
-
-
-def _key(name: str) -> str:
-    """The colour key of a phase: its name, or the barrier key for a barrier wait."""
-    return _BARRIER if name.startswith(BARRIER_PREFIX) else name
-
-
-def _color(name: str) -> str:
-    return PHASE_COLORS.get(_key(name), "#7f7f7f")
+#: A process whose part ended well, or has not ended: anything else is drawn failed.
+_NOT_FAILED: set[str] = {Status.RUNNING, Status.COMMITTED, Status.RESTORED}
 
 
 def _load(source: OperationRecord | str | os.PathLike[str], op: str | None) -> OperationRecord:
@@ -47,21 +51,197 @@ def _load(source: OperationRecord | str | os.PathLike[str], op: str | None) -> O
     return record
 
 
-def _draw_span(ax: object, y: float, span: PhaseSpan, t0: float, end: float, p: int) -> None:
+def _commit_time(record: OperationRecord) -> float | None:
+    """When a committed save's step became complete: the end of its finalize phase."""
+    if record.status != Status.COMMITTED:
+        return None
+    ends = [
+        s.end
+        for r in record.processes.values()
+        for s in r.phases
+        if s.name == Phase.FINALIZE and s.end is not None
+    ]
+    return min(ends) if ends else None
+
+
+def _resolve(theme: str) -> ThemeName:
+    if theme == "auto":
+        return lab_theme() or "light"
+    if theme not in ("light", "dark"):
+        raise ValueError(f"plot_timeline(theme={theme!r}): use 'auto', 'light' or 'dark'")
+    return "dark" if theme == "dark" else "light"
+
+
+def _draw_span(
+    ax: Axes, y: float, span: PhaseSpan, t0: float, end: float, p: int, pal: Palette
+) -> None:
     x0 = span.start - t0
     width = max((span.end if span.end is not None else end) - span.start, 1e-4)
     barrier = span.name.startswith(BARRIER_PREFIX)
     failed = span.status == Status.FAILED
-    ax.broken_barh(  # type: ignore[attr-defined]
+    color = pal.color(span.name)
+    if barrier:
+        # Stripes of the barrier colour over a faint wash of it, as in the lab; the
+        # hatch takes the edge colour, so a failure's red outline is drawn on top.
+        ax.broken_barh(
+            [(x0, width)],
+            (y - 0.35, 0.7),
+            facecolors=(color, 0.22),
+            edgecolor=color,
+            hatch="////",
+            linewidth=0.5,
+            gid=f"{p}:{span.name}",
+        )
+        if failed:
+            ax.broken_barh(
+                [(x0, width)],
+                (y - 0.35, 0.7),
+                facecolors="none",
+                edgecolor=pal.failed,
+                linewidth=2.0,
+                gid=f"{p}:{span.name}:failed",
+            )
+        return
+    ax.broken_barh(
         [(x0, width)],
         (y - 0.35, 0.7),
-        facecolors=_color(span.name),
-        alpha=1.0 if span.name in _BLOCKING else (0.55 if barrier else 0.85),
-        hatch="////" if barrier else None,
-        edgecolor="#c62828" if failed else ("#333333" if span.name in _BLOCKING else "none"),
+        facecolors=color,
+        alpha=1.0 if span.name in _BLOCKING else 0.9,
+        edgecolor=pal.failed if failed else (pal.text if span.name in _BLOCKING else "none"),
         linewidth=2.0 if failed else 0.8,
         gid=f"{p}:{span.name}",
     )
+
+
+def _beside(
+    ax: Axes, x: float, y: float, after: Text, pad_px: float = 8.0
+) -> Callable[[RendererBase], Bbox]:
+    """Where a label goes: at data ``(x, y)``, pushed right of ``after`` if that overlaps.
+
+    Measured when the figure is drawn, after its layout, so the labels of a short
+    blocking part (a failed save's) never overlap however wide the figure is.
+    """
+
+    def where(renderer: RendererBase) -> Bbox:
+        px, py = ax.transData.transform((x, y))
+        px = max(px, after.get_window_extent(renderer).x1 + pad_px)
+        return Bbox.from_bounds(px, py, 1, 1)
+
+    return where
+
+
+def _blocking_labels(ax: Axes, record: OperationRecord, t0: float, pal: Palette) -> None:
+    """Shade the blocking part of a save and label it and the background part."""
+    ends = [
+        s.end for r in record.processes.values() for s in r.phases if s.name in _BLOCKING and s.end
+    ]
+    if not ends:
+        return
+    edge = max(ends) - t0
+    snapshot = pal.color(Phase.SNAPSHOT)
+    ax.axvspan(0, edge, color=snapshot, alpha=0.1, lw=0, gid="blocking")
+    blocking = ax.text(
+        0,
+        -0.6,
+        " blocking",
+        color=snapshot,
+        fontsize=8,
+        va="bottom",
+        ha="left",
+        clip_on=False,
+        gid="label:blocking",
+    )
+    ax.annotate(
+        "background →",
+        xy=(0, 0),
+        xycoords=_beside(ax, edge, -0.6, blocking),
+        color=pal.muted,
+        fontsize=8,
+        va="bottom",
+        ha="left",
+        annotation_clip=False,
+        gid="label:background",
+    )
+
+
+def _release_labels(
+    ax: Axes, exits: dict[str, float], t0: float, pal: Palette, span_s: float
+) -> int:
+    """A dashed line where each barrier released, labelled above the axes.
+
+    Releases close together get their labels on separate lines, so they never overlap.
+    Returns how many lines the labels take.
+    """
+    last_x: float | None = None
+    level = lines = 0
+    for name, t in sorted(exits.items(), key=lambda item: item[1]):
+        x = t - t0
+        ax.axvline(x, color=pal.muted, ls="--", lw=0.8, gid=f"release:{name}")
+        level = level + 1 if last_x is not None and x - last_x < 0.22 * span_s else 0
+        last_x = x
+        lines = max(lines, level + 1)
+        ax.annotate(
+            f"{name} released",
+            xy=(x, 1.0),
+            xycoords=ax.get_xaxis_transform(),
+            xytext=(2, 3 + 11 * level),
+            textcoords="offset points",
+            fontsize=7,
+            color=pal.muted,
+            va="bottom",
+            ha="left",
+            annotation_clip=False,
+            gid=f"label:release:{name}",
+        )
+    return lines
+
+
+def _style(fig: Figure, ax: Axes, pal: Palette) -> None:
+    """Theme the figure: its face, axes, ticks, grid and title."""
+    fig.patch.set_facecolor(pal.background or "none")
+    fig.patch.set_alpha(1.0 if pal.background else 0.0)
+    ax.set_facecolor(pal.background or "none")
+    if pal.background is None:
+        ax.patch.set_alpha(0.0)
+    for spine in ax.spines.values():
+        spine.set_color(pal.muted)
+    ax.tick_params(colors=pal.text, which="both")
+    ax.xaxis.label.set_color(pal.text)
+    ax.grid(axis="x", alpha=0.3, color=pal.muted)
+
+
+def _legend(ax: Axes, records: list[OperationRecord], pal: Palette) -> None:
+    """The key of every phase drawn, the failure outline and the commit line, if shown."""
+    processes = [r for record in records for r in record.processes.values()]
+    shown = {role_of(s.name) for r in processes for s in r.phases}
+    names = [n for n in _LEGEND_ORDER if n in shown] + sorted(shown - set(_LEGEND_ORDER))
+    handles: list[Any] = [
+        Patch(
+            facecolor=(pal.color(n), 0.22) if n == _BARRIER else pal.color(n),
+            edgecolor=pal.color(n) if n == _BARRIER else "none",
+            hatch="////" if n == _BARRIER else None,
+            label=(f"{_BARRIER} wait" if n == _BARRIER else n)
+            + (" (blocking)" if n in _BLOCKING else ""),
+        )
+        for n in names
+    ]
+    if any(r.status not in _NOT_FAILED for r in processes):
+        handles.append(
+            Patch(facecolor="none", edgecolor=pal.failed, lw=2, label=str(Status.FAILED))
+        )
+    if any(_commit_time(record) is not None for record in records):
+        handles.append(Line2D([], [], color=pal.commit, lw=2.0, label=str(Status.COMMITTED)))
+    if handles:
+        legend = ax.legend(
+            handles=handles,
+            loc="upper left",
+            bbox_to_anchor=(1.01, 1),
+            fontsize=8,
+            facecolor=pal.background or "none",
+            edgecolor=pal.muted,
+            labelcolor=pal.text,
+        )
+        legend.get_frame().set_alpha(1.0 if pal.background else 0.0)
 
 
 def plot_timeline(
@@ -70,6 +250,7 @@ def plot_timeline(
     *,
     save: str | os.PathLike[str] | None = None,
     dpi: int = 110,
+    theme: Literal["auto", "light", "dark"] = "auto",
 ) -> Figure:
     """Draw one operation per process: phases, barrier waits and releases, failures.
 
@@ -84,22 +265,29 @@ def plot_timeline(
         If given, also write the figure there as PNG.
     dpi
         Resolution of the saved PNG.
+    theme
+        ``"light"``: a white figure with dark text. ``"dark"``: a transparent figure
+        with light text, in JupyterLab Dark's colours. ``"auto"`` (the default): the
+        theme JupyterLab last saved in its user settings, when the kernel can read
+        them (it runs on the same machine), else light. The kernel cannot see the page,
+        so after switching themes, draw the figure again.
 
     Returns
     -------
     matplotlib.figure.Figure
         One row per process (process 0 on top). Each phase is a span coloured by
-        :data:`PHASE_COLORS`; barrier waits are hatched, and a dashed line marks where
-        each barrier released. The blocking part of a save (the snapshot, before
-        ``save`` returns) is shaded apart from the background part. A failed process's
-        last phase is outlined in red and labelled with its error. Each span's
-        ``gid`` is ``"<process>:<phase>"``.
+        :mod:`nbckpt.widgets.palette` (the lab's colours for the same phase); barrier
+        waits are hatched, and a dashed line marks where each barrier released. The
+        blocking part of a save (the snapshot, before ``save`` returns) is shaded apart
+        from the background part. A failed process's last phase is outlined in red
+        and labelled with its error. Each span's ``gid`` is ``"<process>:<phase>"``.
 
     Notes
     -----
     The figure is built without pyplot, so it needs no display and no backend choice;
     saving uses Agg.
     """
+    pal = palette(_resolve(theme))
     record = _load(source, op)
     t0 = record.start or 0.0
     times = [float(e["t"]) for r in record.processes.values() for e in r.events if "t" in e]
@@ -107,41 +295,24 @@ def plot_timeline(
     procs = sorted(record.processes)
     fig = Figure(figsize=(10, 1.6 + 0.55 * max(1, len(procs))), layout="constrained")
     ax = fig.add_subplot()
-    # The blocking part: from the request until the last process's snapshot is done.
-    blocking = [
-        s.end for r in record.processes.values() for s in r.phases if s.name in _BLOCKING and s.end
-    ]
-    if blocking:
-        ax.axvspan(0, max(blocking) - t0, color="#d62728", alpha=0.07, lw=0, gid="blocking")
-        ax.text(
-            0, -0.6, " blocking", color="#b71c1c", fontsize=8, va="bottom", ha="left", clip_on=False
-        )
-        ax.text(
-            max(blocking) - t0,
-            -0.6,
-            " background →",
-            color="#555555",
-            fontsize=8,
-            va="bottom",
-            ha="left",
-            clip_on=False,
-        )
+    _style(fig, ax, pal)
+    _blocking_labels(ax, record, t0, pal)
     for p in procs:
         rec = record.processes[p]
         for span in rec.phases:
-            _draw_span(ax, p, span, t0, t_end, p)
-        if rec.status == Status.FAILED:
+            _draw_span(ax, p, span, t0, t_end, p, pal)
+        if rec.status not in _NOT_FAILED:
             failed = [s for s in rec.phases if s.status == Status.FAILED] or rec.phases
             last = max(failed, key=lambda s: s.start) if failed else None
             x = ((last.end or t_end) if last else t_end) - t0
-            ax.plot([x], [p], marker="X", color="#c62828", markersize=9, gid=f"failed:{p}")
-            msg = textwrap.shorten(rec.error or Status.FAILED, 70, placeholder="…")
+            ax.plot([x], [p], marker="X", color=pal.failed, markersize=9, gid=f"failed:{p}")
+            msg = textwrap.shorten(rec.error or str(rec.status), 70, placeholder="…")
             ax.annotate(
-                f"{last.name if last else Status.FAILED}: {msg}",
+                f"{last.name if last else rec.status}: {msg}",
                 (x, p + 0.36),
                 ha="right",
                 va="top",
-                color="#c62828",
+                color=pal.failed,
                 fontsize=8,
                 annotation_clip=False,
                 gid=f"error:{p}",
@@ -153,42 +324,134 @@ def plot_timeline(
             if e.get("event") == Event.BARRIER_EXIT:
                 name = str(e.get("name"))
                 exits[name] = min(exits.get(name, float("inf")), float(e["t"]))
-    for name, t in exits.items():
-        ax.axvline(t - t0, color="#555555", ls="--", lw=0.8, gid=f"release:{name}")
-        ax.text(
-            t - t0,
-            1.01,
-            f"{name} released",
-            transform=ax.get_xaxis_transform(),
-            rotation=25,
-            fontsize=7,
-            color="#555555",
-            va="bottom",
-            ha="left",
-        )
+    span_s = max(t_end - t0, 1e-3)
+    lines = _release_labels(ax, exits, t0, pal, span_s)
+    committed = _commit_time(record)
+    if committed is not None:
+        ax.axvline(committed - t0, color=pal.commit, lw=2.0, gid="commit")
     ax.set_yticks(procs, [f"process {p}" for p in procs])
     ax.set_ylim(len(procs) - 0.2, -0.8)
-    ax.set_xlim(left=0, right=max(t_end - t0, 1e-3) * 1.05)
+    ax.set_xlim(left=0, right=span_s * 1.05)
     ax.set_xlabel("seconds since the request")
     what = f"{record.kind} of step {record.step}" if record.kind != Kind.BARRIER else Kind.BARRIER
-    ax.set_title(f"{what}: {record.status}  ({record.op})", fontsize=10, loc="left", pad=40)
-    ax.grid(axis="x", alpha=0.3)
-    names = sorted({_key(s.name) for r in record.processes.values() for s in r.phases})
-    handles = [
-        Patch(
-            facecolor=_color(n),
-            hatch="////" if n == _BARRIER else None,
-            alpha=0.55 if n == _BARRIER else 0.85,
-            label=(f"{_BARRIER} wait" if n == _BARRIER else n)
-            + (" (blocking)" if n in _BLOCKING else ""),
-        )
-        for n in names
-    ]
-    if any(r.status == Status.FAILED for r in record.processes.values()):
-        handles.append(Patch(facecolor="white", edgecolor="#c62828", lw=2, label=Status.FAILED))
-    if handles:
-        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+    ax.set_title(
+        f"{what}: {record.status}  ({record.op})",
+        fontsize=10,
+        loc="left",
+        pad=20 + 11 * lines,
+        color=pal.text,
+    )
+    _legend(ax, [record], pal)
     if save is not None:
         Path(save).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(save, format="png", dpi=dpi)
+        fig.savefig(save, format="png", dpi=dpi, facecolor=fig.get_facecolor())
+    return fig
+
+
+def plot_timelines(
+    source: list[OperationRecord] | str | os.PathLike[str],
+    ops: list[str] | None = None,
+    *,
+    save: str | os.PathLike[str] | None = None,
+    dpi: int = 110,
+    theme: Literal["auto", "light", "dark"] = "auto",
+) -> Figure:
+    """Draw several operations on one time axis: a row per process, each save in place.
+
+    What happens between two saves is the training: the gap shows how much of each
+    save overlapped it (everything after the blocking snapshot).
+
+    Parameters
+    ----------
+    source
+        :class:`~nbckpt.journal.OperationRecord` s, or a checkpoint root (then ``ops``
+        names the operations).
+    ops
+        The operation ids, when ``source`` is a root.
+    save, dpi, theme
+        As for :func:`plot_timeline`.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        Phases coloured as in :func:`plot_timeline`; above each operation its step
+        (red where it failed) and, for a save, the blocking part shaded; a short line
+        where each save committed (``gid`` ``"commit:<op>"``). Each span's ``gid`` is
+        ``"<process>:<phase>"``, as in :func:`plot_timeline`.
+    """
+    if isinstance(source, list):
+        records = list(source)
+    else:
+        if not ops:
+            raise ValueError("plot_timelines(root, ops): name the operations when passing a root")
+        records = [_load(source, op) for op in ops]
+    if not records:
+        raise ValueError("plot_timelines: no operation to draw")
+    pal = palette(_resolve(theme))
+    records.sort(key=lambda r: r.start or 0.0)
+    t0 = min(r.start or 0.0 for r in records)
+    ends = [float(e["t"]) for r in records for p in r.processes.values() for e in p.events]
+    t_end = max(ends, default=t0)
+    procs = sorted({p for r in records for p in r.processes})
+    fig = Figure(figsize=(12, 1.8 + 0.55 * max(1, len(procs))), layout="constrained")
+    ax = fig.add_subplot()
+    _style(fig, ax, pal)
+    for record in records:
+        own = [float(e["t"]) for p in record.processes.values() for e in p.events]
+        end = max(own, default=record.start or t0)
+        for p in procs:
+            rec = record.processes.get(p)
+            for span in rec.phases if rec is not None else []:
+                _draw_span(ax, p, span, t0, end, p, pal)
+        start = (record.start or t0) - t0
+        blocking = [
+            s.end
+            for r in record.processes.values()
+            for s in r.phases
+            if s.name in _BLOCKING and s.end is not None
+        ]
+        if blocking:
+            ax.axvspan(start, max(blocking) - t0, color=pal.color(Phase.SNAPSHOT), alpha=0.1, lw=0)
+        failed = record.status == Status.FAILED
+        what = f"step {record.step}" if record.step is not None else str(record.name or record.kind)
+        ax.annotate(
+            what + (f" {Status.FAILED}" if failed else ""),
+            xy=(start, 1.0),
+            xycoords=ax.get_xaxis_transform(),
+            xytext=(0, 3),
+            textcoords="offset points",
+            fontsize=8,
+            color=pal.failed if failed else pal.text,
+            va="bottom",
+            ha="left",
+            annotation_clip=False,
+            gid=f"label:{record.op}",
+        )
+        committed = _commit_time(record)
+        if committed is not None:
+            ax.vlines(
+                committed - t0,
+                -0.45,
+                len(procs) - 0.55,
+                color=pal.commit,
+                lw=2.0,
+                gid=f"commit:{record.op}",
+            )
+    ax.set_yticks(procs, [f"process {p}" for p in procs])
+    ax.set_ylim(len(procs) - 0.4, -0.6)
+    ax.set_xlim(left=0, right=max(t_end - t0, 1e-3) * 1.02)
+    ax.set_xlabel("seconds since the first request")
+    kinds = "/".join(sorted({r.kind for r in records}))
+    failures = sum(r.status == Status.FAILED for r in records)
+    ax.set_title(
+        f"{len(records)} {kinds}s, {failures} failed",
+        fontsize=10,
+        loc="left",
+        pad=16,
+        color=pal.text,
+    )
+    _legend(ax, records, pal)
+    if save is not None:
+        Path(save).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(save, format="png", dpi=dpi, facecolor=fig.get_facecolor())
     return fig

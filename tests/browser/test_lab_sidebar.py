@@ -2,29 +2,44 @@
 
 A 2-process JAX job makes a real root: step 1 commits; the save of step 2 is abandoned
 because process 1 exits abruptly at the ``write_complete`` barrier. JupyterLab then
-serves that root on 127.0.0.1, and the test opens the sidebar from the command palette,
-checks both states (and a step Orbax wrote, marked as such) and opens each save's
-per-process timeline. Screenshots go to
-``artifacts/``.
+serves that root on 127.0.0.1, and the first test opens the sidebar from the command
+palette, checks both states (and a step Orbax wrote, marked as such) and opens each
+save's per-process timeline. The others follow the notebook: the roots running clusters
+registered (as ``%ckpt_cluster start --dir`` does, in the lab's runtime folder) and
+those found on disk, absolute roots, the root a workspace remembers across a reload, a
+switch of root, and the status bar over every running cluster's root. Each test has a
+workspace of its own. Screenshots go to ``artifacts/``.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import time
-from collections.abc import Iterator
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from nbckpt.cluster import JaxCluster
 from nbckpt.layout import TMP_SUFFIX, all_steps
 from nbckpt.procgroup import ProcessGroup
+from nbckpt.protocol import barrier_op_id, new_op_id
 from tests.browser.labserver import ARTIFACTS, REPO, lab_page, run_command, running_lab
+from tests.ckpt_fixtures import journal, write_step
 
 pytestmark = [pytest.mark.browser, pytest.mark.multihost]
 
 T = "tests.lab_tasks"
+ENV = {"PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+#: A root two levels down, with a committed save and a journaled user barrier.
+NESTED = "notebooks/run-a"
+SAVE_A = new_op_id("save", 5)
+BARRIER_A = barrier_op_id("4c93ac533cb54f60", "after-save")
 
 
 @pytest.fixture(scope="module")
@@ -48,20 +63,81 @@ def server_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     orbax_ckptr.save((root / "7").absolute(), {"x": np.arange(4.0)})
     orbax_ckptr.wait_until_finished()
     assert all_steps(root) == [1, 7]
+    nested = server_root / NESTED
+    journal(nested, SAVE_A, 5, t0=time.time())
+    write_step(nested, 5, op=SAVE_A)
+    journal(nested, BARRIER_A, 0, kind="barrier", t0=time.time())
+    (server_root / "notebooks" / "data" / "2024").mkdir(parents=True)  # no root
     return server_root
 
 
+@dataclass(frozen=True)
+class Lab:
+    """A running JupyterLab: its URL, token, and the runtime folder its kernels share."""
+
+    base: str
+    token: str
+    runtime: Path
+
+    def url(self, workspace: str) -> str:
+        """The lab in a workspace of its own (each remembers its own sidebar root)."""
+        return f"{self.base}/lab/workspaces/{workspace}?token={self.token}"
+
+    def workspace(self, name: str) -> dict[str, Any]:
+        """The workspace as the server stores it."""
+        url = f"{self.base}/lab/api/workspaces/{name}?token={self.token}"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            data: dict[str, Any] = json.loads(response.read())
+        return data
+
+
 @pytest.fixture(scope="module")
-def lab(server_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A JupyterLab on 127.0.0.1 serving ``server_root``; yields its URL with the token."""
-    with running_lab(server_root, tmp_path_factory.mktemp("jupyter-home")) as (base, token):
-        yield f"{base}/lab?token={token}"
+def lab(server_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    """A JupyterLab on 127.0.0.1 serving ``server_root``."""
+    home = tmp_path_factory.mktemp("jupyter-home")
+    with running_lab(server_root, home) as (base, token):
+        yield Lab(base, token, home / "runtime")
 
 
-def test_sidebar_shows_states_and_timelines(lab: str, server_root: Path) -> None:
+@pytest.fixture
+def register(lab: Lab, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[Path], None]]:
+    """Register a root as ``%ckpt_cluster start --dir`` does, in the lab's runtime folder.
+
+    The record names this test's process, which is alive; it is removed at the end.
+    """
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(lab.runtime))
+    clusters: list[JaxCluster] = []
+
+    def add(root: Path) -> None:
+        cluster = JaxCluster(cluster_id=f"browser-{len(clusters)}")
+        assert cluster.register_root(str(root)) is not None
+        clusters.append(cluster)
+
+    yield add
+    for cluster in clusters:
+        cluster.unregister_root()
+
+
+def _open_sidebar(page: Any) -> Any:
+    """Show the sidebar by its tab (the palette is tested above, and slow under load)."""
     from playwright.sync_api import expect
 
-    with lab_page(lab) as page:
+    sidebar = page.locator("#nbckpt-sidebar")
+    if not sidebar.is_visible():
+        page.locator(".lm-TabBar-tab[data-id='nbckpt-sidebar']").click()
+    expect(sidebar).to_be_visible()
+    return sidebar
+
+
+def _open_root(sidebar: Any, root: str) -> None:
+    sidebar.locator(".nbckpt-root-input").fill(root)
+    sidebar.locator(".nbckpt-root-open").click()
+
+
+def test_sidebar_shows_states_and_timelines(lab: Lab, server_root: Path) -> None:
+    from playwright.sync_api import expect
+
+    with lab_page(lab.url("states")) as page:
         # The command-palette entry opens the sidebar.
         run_command(page, "Open Checkpoints Sidebar")
         sidebar = page.locator("#nbckpt-sidebar")
@@ -110,8 +186,7 @@ def _follow_a_save_in_progress(page: Any, root: Path) -> None:
     """A save stalled at its last barrier shows as in progress, then commits on its own."""
     from playwright.sync_api import expect
 
-    env = {"PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    with ProcessGroup(2, env=env) as group:
+    with ProcessGroup(2, env=ENV) as group:
         stall = {"stall_at": "barrier:write_complete", "stall_s": 8.0}
         group.submit(f"{T}:save", str(root), 3, kwargs=stall)
         sidebar = page.locator("#nbckpt-sidebar")
@@ -133,3 +208,180 @@ def _follow_a_save_in_progress(page: Any, root: Path) -> None:
         expect(committed).to_be_visible(timeout=30_000)
         expect(status).to_be_hidden()
         assert group.collect("stalled save", timeout_s=60) == [None, None]
+
+
+def test_roots_of_running_clusters_and_roots_on_disk_are_offered(
+    lab: Lab, server_root: Path, register: Callable[[Path], None]
+) -> None:
+    """With nothing remembered, the newest running cluster's root opens; the rest are listed."""
+    from playwright.sync_api import expect
+
+    register(server_root / NESTED)
+    with lab_page(lab.url("roots")) as page:
+        sidebar = _open_sidebar(page)
+        expect(sidebar.locator(".nbckpt-root-input")).to_have_value(NESTED)
+        expect(sidebar.locator("tr.nbckpt-step[data-path='5']")).to_be_visible()
+        roots = sidebar.locator(".nbckpt-roots")
+        if not roots.evaluate("details => details.open"):
+            roots.locator("summary").click()
+        cluster = roots.locator(f"li.nbckpt-root-cluster[data-root='{NESTED}']")
+        expect(cluster).to_be_visible()
+        expect(cluster).to_contain_text("cluster")
+        found = roots.locator("li.nbckpt-root-found")
+        expect(found).to_have_count(1)  # ckpt; the cluster's root is not listed twice
+        expect(found.first).to_have_attribute("data-root", "ckpt")
+        page.screenshot(path=ARTIFACTS / "lab_sidebar_roots.png")
+        found.first.click()
+        expect(sidebar.locator(".nbckpt-root-input")).to_have_value("ckpt")
+        expect(sidebar.locator("tr.nbckpt-step[data-path='1']")).to_be_visible()
+
+
+def test_an_absolute_root_under_the_server_root_opens(lab: Lab, server_root: Path) -> None:
+    from playwright.sync_api import expect
+
+    with lab_page(lab.url("absolute")) as page:
+        sidebar = _open_sidebar(page)
+        _open_root(sidebar, str(server_root / "ckpt"))
+        expect(sidebar.locator("tr.nbckpt-step[data-path='1']")).to_be_visible()
+        status = sidebar.locator(".nbckpt-status")
+        expect(status).to_contain_text(re.compile(r"\b(1 entry|\d+ entries) in ckpt"))
+        _open_root(sidebar, "/etc")
+        error = sidebar.locator(".nbckpt-status.nbckpt-error")
+        expect(error).to_contain_text("'/etc' is outside the server's root")
+        expect(sidebar.locator("tr.nbckpt-step")).to_have_count(0)
+
+
+def test_the_workspace_remembers_the_root_across_a_reload(lab: Lab) -> None:
+    from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
+    from playwright.sync_api import expect
+
+    with lab_page(lab.url("remember")) as page:
+        sidebar = _open_sidebar(page)
+        _open_root(sidebar, NESTED)
+        expect(sidebar.locator("tr.nbckpt-step[data-path='5']")).to_be_visible()
+        # JupyterLab saves the workspace a moment after its state changes.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            data = lab.workspace("remember").get("data", {})
+            if data.get("nbckpt:sidebar", {}).get("root") == NESTED:
+                break
+            page.wait_for_timeout(300)
+        assert lab.workspace("remember")["data"]["nbckpt:sidebar"] == {"root": NESTED}
+
+        page.reload()
+        page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=60_000)
+        # The layout restorer shows the sidebar again; if it does not, the tab does.
+        sidebar = page.locator("#nbckpt-sidebar")
+        try:
+            sidebar.wait_for(state="visible", timeout=15_000)
+        except PlaywrightTimeoutError:
+            sidebar = _open_sidebar(page)
+        expect(sidebar.locator(".nbckpt-root-input")).to_have_value(NESTED)
+        expect(sidebar.locator("tr.nbckpt-step[data-path='5']")).to_be_visible()
+        page.screenshot(path=ARTIFACTS / "lab_sidebar_after_reload.png")
+
+    # Another workspace remembers its own root, not this one.
+    with lab_page(lab.url("elsewhere")) as page:
+        sidebar = _open_sidebar(page)
+        expect(sidebar.locator(".nbckpt-status")).to_contain_text("Choose a checkpoint root")
+        expect(sidebar.locator(".nbckpt-root-input")).to_have_value("")
+
+
+def test_switching_root_clears_the_timeline_and_drops_late_answers(lab: Lab) -> None:
+    from playwright.sync_api import expect
+
+    with lab_page(lab.url("switch")) as page:
+        sidebar = _open_sidebar(page)
+        timeline = sidebar.locator(".nbckpt-timeline-section")
+        _open_root(sidebar, "ckpt")
+        sidebar.locator("tr.nbckpt-step[data-path='1']").click()
+        expect(timeline.locator(".nbckpt-timeline-row")).to_have_count(2)
+
+        _open_root(sidebar, NESTED)
+        expect(sidebar.locator("tr.nbckpt-step[data-path='5']")).to_be_visible()
+        expect(timeline.locator("*")).to_have_count(0)
+        expect(sidebar.locator(".nbckpt-op.nbckpt-selected")).to_have_count(0)
+
+        # An operation asked for in this root, answered only after the switch back.
+        held: list[Any] = []
+        pattern = re.compile(r"/nbckpt/api/operations/[^?]+\?")
+        page.route(pattern, lambda route: held.append(route))
+        sidebar.locator(f".nbckpt-op[data-op='{SAVE_A}']").click()
+        deadline = time.monotonic() + 15
+        while not held and time.monotonic() < deadline:
+            page.wait_for_timeout(100)
+        assert len(held) == 1
+        _open_root(sidebar, "ckpt")
+        expect(sidebar.locator("tr.nbckpt-step[data-path='1']")).to_be_visible()
+        held[0].continue_()
+        page.unroute(pattern)
+        page.wait_for_timeout(1500)  # the late answer arrives, and must be dropped
+        expect(timeline.locator("*")).to_have_count(0)
+        expect(sidebar.locator(".nbckpt-op.nbckpt-selected")).to_have_count(0)
+
+
+def test_barriers_are_listed_by_name(lab: Lab) -> None:
+    from playwright.sync_api import expect
+
+    with lab_page(lab.url("barriers")) as page:
+        sidebar = _open_sidebar(page)
+        _open_root(sidebar, NESTED)
+        barrier = sidebar.locator(f".nbckpt-op[data-op='{BARRIER_A}'] .nbckpt-op-kind")
+        expect(barrier).to_have_text("barrier after-save")
+        save = sidebar.locator(f".nbckpt-op[data-op='{SAVE_A}'] .nbckpt-op-kind")
+        expect(save).to_have_text("save 5")
+
+
+def test_the_status_bar_follows_every_running_clusters_root(
+    lab: Lab, server_root: Path, register: Callable[[Path], None]
+) -> None:
+    """Saves in a cluster's root count while the sidebar shows another root, or hides.
+
+    A hidden sidebar stops reloading its root; the status bar goes on.
+    """
+    from playwright.sync_api import expect
+
+    live = server_root / "live"
+    register(live)
+    requests: list[str] = []
+    with lab_page(lab.url("status")) as page:
+        page.on("request", lambda request: requests.append(request.url))
+        sidebar = _open_sidebar(page)
+        _open_root(sidebar, "ckpt")
+        expect(sidebar.locator("tr.nbckpt-step[data-path='1']")).to_be_visible()
+        status = page.locator(".nbckpt-statusbar")
+        with ProcessGroup(2, env=ENV) as group:
+            stall = {"stall_at": "barrier:write_complete", "stall_s": 25.0}
+            group.submit(f"{T}:save", str(live), 1, kwargs=stall)
+            # No clicks: the status bar finds the save in the cluster's root by itself.
+            expect(status).to_have_text("Checkpoint: 1 saving", timeout=60_000)
+            page.screenshot(path=ARTIFACTS / "lab_statusbar_other_root.png")
+            _open_root(sidebar, "live")
+            expect(sidebar.locator(".nbckpt-steps .nbckpt-badge-in_progress")).to_be_visible()
+            expect(status).to_have_text("Checkpoint: 1 saving")  # counted once
+
+            # Hide the sidebar: its root is no longer reloaded, the status bar still is.
+            page.locator(".lm-TabBar-tab[data-id='nbckpt-sidebar']").click()
+            expect(sidebar).to_be_hidden()
+            page.wait_for_timeout(500)
+            requests.clear()
+            page.wait_for_timeout(3000)
+            assert not [u for u in requests if "/nbckpt/api/checkpoints" in u]
+            assert [u for u in requests if "/nbckpt/api/activity" in u]
+            assert not (live / "1").is_dir(), "the save ended before the check"
+            expect(status).to_be_hidden(timeout=60_000)
+            assert group.collect("stalled save", timeout_s=60) == [None, None]
+
+    with ProcessGroup(2, env=ENV, recoverable=True) as group:
+        group.submit(f"{T}:save", str(live), 2, kwargs={"kill_at": "barrier:write_complete"})
+        with pytest.raises(Exception, match="worker exited"):
+            group.collect("killed save", timeout_s=120)
+    with lab_page(lab.url("status")) as page:
+        status = page.locator(".nbckpt-statusbar")
+        expect(status).to_have_text("Checkpoint: 1 failed", timeout=30_000)
+        # Clicking it shows the root where it failed.
+        status.click()
+        sidebar = page.locator("#nbckpt-sidebar")
+        expect(sidebar.locator(".nbckpt-root-input")).to_have_value("live")
+        expect(sidebar.locator(".nbckpt-op .nbckpt-badge-failed")).to_have_count(1)
+        page.screenshot(path=ARTIFACTS / "lab_statusbar_failed.png")

@@ -1,12 +1,22 @@
 /**
  * The front end of `nbckpt.widgets.ProgressWidget`, an anywidget ES module.
  *
- * It draws what the Python side computed (`rows_from_view`): one table row per
- * process, with its phase, bytes, barrier chips and end state. Every protocol word it
- * shows (phases, statuses, barrier names) arrives in the synced traits; this module
- * spells none of them. It is built on its own (`jlpm build:widget`) into
- * `nbckpt/widgets/static/progress.js`, which the widget loads as its `_esm`.
+ * It draws what the Python side computed: the operation's per-process timeline (the
+ * same component as the lab sidebar's, `../timeline.ts`), growing while the operation
+ * runs, above one table row per process (`rows_from_view`) with its phase, bytes,
+ * barrier chips and end state. Every protocol word it shows (phases, statuses,
+ * barrier names) arrives in the synced traits; this module spells none of them.
+ * `jlpm build:widget` bundles it with the timeline into one self-contained file,
+ * `nbckpt/widgets/static/progress.js` (anywidget loads a single module), and its style
+ * (`style/widget.css`, with the shared palette and timeline rules) into
+ * `nbckpt/widgets/static/progress.css`.
  */
+import {
+  ITimelineNames,
+  ITimelineOperation,
+  renderLegend,
+  renderTimeline
+} from '../timeline';
 
 /** One barrier chip of a row. */
 export interface IBarrierCell {
@@ -27,11 +37,22 @@ export interface IRow {
   fraction: number;
   show_bytes: boolean;
   bytes_text: string;
+  /** False where a bar would mislead (nothing of its own to write); default true. */
+  show_bar?: boolean;
+  /** The column's verb: written for a save, read for a restore. */
+  bytes_verb?: string;
+  /** Why the row looks as it does, when that needs saying. */
+  note?: string | null;
   barriers: IBarrierCell[];
   end_text: string;
   error: string | null;
   error_phase: string | null;
 }
+
+/** The protocol names the widget gets from Python (`nbckpt.protocol.as_json()`). */
+export type IWidgetNames = ITimelineNames & {
+  kind_names: { restore: string };
+};
 
 /** The synced traits this module reads. */
 export interface ITraits {
@@ -39,6 +60,9 @@ export interface ITraits {
   title: string;
   status: string;
   rows: IRow[];
+  /** The merged journal plus `now`, the kernel's clock; `{}` when there is none. */
+  timeline: Partial<ITimelineOperation>;
+  protocol: Partial<IWidgetNames>;
 }
 
 /** The part of anywidget's model this module uses. */
@@ -62,6 +86,11 @@ const HEADERS = [
   'finalize / commit'
 ];
 
+/** How often an open span grows while nothing new arrives. */
+const TICK_MS = 500;
+/** Open spans stop growing this long after the last update (a silent, dead run). */
+const GROW_LIMIT_S = 60;
+
 function el<K extends keyof HTMLElementTagNameMap>(
   tag: K,
   className?: string,
@@ -71,30 +100,57 @@ function el<K extends keyof HTMLElementTagNameMap>(
   if (className) {
     node.className = className;
   }
-  if (text !== undefined && text !== null) {
+  if (text instanceof Node) {
+    node.append(text);
+  } else if (text !== undefined && text !== null) {
     node.textContent = String(text);
   }
   return node;
 }
 
-function drawRow(table: HTMLTableElement, r: IRow): void {
+/**
+ * Text with a line-break opportunity after each `:` and `_`, so that long protocol
+ * names (a barrier wait: prefix, colon, barrier name) wrap in a narrow notebook rather than widen it.
+ */
+function breakable(text: string): DocumentFragment {
+  const out = document.createDocumentFragment();
+  for (const part of text.split(/(?<=[:_])/)) {
+    out.append(part, document.createElement('wbr'));
+  }
+  return out;
+}
+
+function drawRow(table: HTMLTableElement, r: IRow, fillKind: string): void {
   const tr = el('tr', `nbckpt-w-row nbckpt-w-${r.status}`);
   tr.dataset.process = String(r.process);
   tr.dataset.status = r.status;
   tr.append(el('td', 'nbckpt-w-proc', String(r.process)));
-  tr.append(el('td', 'nbckpt-w-phase', r.phase));
+  const phase = el('td', 'nbckpt-w-phase');
+  phase.append(breakable(r.phase));
+  if (r.note && r.note !== r.bytes_text && !r.end_text.includes(r.note)) {
+    phase.append(el('div', 'nbckpt-w-note', r.note));
+  }
+  tr.append(phase);
   const bytes = el('td', 'nbckpt-w-bytes');
-  const bar = el('div', 'nbckpt-w-bar');
-  const fill = el('div', 'nbckpt-w-fill');
-  fill.style.width = `${Math.round(100 * (r.fraction || 0))}%`;
-  bar.append(fill);
   if (r.show_bytes) {
-    bytes.append(bar, el('span', 'nbckpt-w-bytes-text', r.bytes_text));
+    const box = el('div', 'nbckpt-w-bytes-box');
+    if (r.show_bar !== false) {
+      const bar = el('div', 'nbckpt-w-bar');
+      const fill = el('div', `nbckpt-w-fill nbckpt-w-fill-${fillKind}`);
+      fill.style.width = `${Math.round(100 * (r.fraction || 0))}%`;
+      bar.append(fill);
+      box.append(bar);
+    }
+    // A size never breaks between its number and its unit, only around the '/'.
+    const size = r.bytes_text.replace(/(\d) (?=[A-Za-z])/g, '$1\u00a0');
+    box.append(el('span', 'nbckpt-w-bytes-text', size));
+    bytes.append(box);
   }
   tr.append(bytes);
   const chips = el('td', 'nbckpt-w-barriers');
   for (const b of r.barriers) {
-    const chip = el('span', 'nbckpt-w-barrier', b.text);
+    const chip = el('span', 'nbckpt-w-barrier');
+    chip.append(breakable(b.text));
     chip.dataset.state = b.state;
     chip.dataset.name = b.name;
     chips.append(chip);
@@ -103,7 +159,7 @@ function drawRow(table: HTMLTableElement, r: IRow): void {
   const end = el('td', 'nbckpt-w-end');
   end.append(
     el('span', 'nbckpt-w-status', r.status),
-    el('span', 'nbckpt-w-when', r.end_text)
+    el('span', 'nbckpt-w-when', breakable(r.end_text))
   );
   tr.append(end);
   table.append(tr);
@@ -116,38 +172,149 @@ function drawRow(table: HTMLTableElement, r: IRow): void {
   }
 }
 
-/** Draw the whole table from the model's current traits into `root`. */
-export function draw(model: IModel, root: HTMLElement): void {
-  const rows = model.get('rows') || [];
+/** The title line: what the operation is, and its status as a badge. */
+function drawHead(model: IModel, head: HTMLElement): void {
   const status = model.get('status');
-  const table = el('table', 'nbckpt-w');
-  table.dataset.status = status;
-  const caption = el('caption', 'nbckpt-w-title');
-  caption.append(el('span', '', `${model.get('title')} `));
-  caption.append(el('span', `nbckpt-w-badge nbckpt-w-${status}`, status));
-  table.append(caption);
+  head.replaceChildren(
+    el('span', 'nbckpt-w-title', `${model.get('title')} `),
+    el('span', `nbckpt-w-badge nbckpt-w-${status}`, status)
+  );
+}
+
+/** The table of rows, in a box that scrolls sideways only if nothing else fits. */
+function drawTable(model: IModel, box: HTMLElement): void {
+  const rows = model.get('rows') || [];
+  const names = model.get('protocol') || {};
+  const timeline = model.get('timeline') || {};
+  const reads =
+    names.kind_names !== undefined &&
+    timeline.kind === names.kind_names.restore;
+  const fillKind =
+    (reads ? names.phase_names?.read : names.phase_names?.write) ?? '';
+  const table = el('table', 'nbckpt-w-table');
+  table.dataset.status = model.get('status');
   const head = el('tr');
+  const verb = rows.find(r => r.bytes_verb)?.bytes_verb;
   for (const h of HEADERS) {
-    head.append(el('th', '', h));
+    head.append(el('th', '', h === HEADERS[2] && verb ? verb : h));
   }
   table.append(head);
   for (const r of rows) {
-    drawRow(table, r);
+    drawRow(table, r, fillKind.replace(/\W/g, '_'));
   }
-  root.replaceChildren(table);
+  box.replaceChildren(table);
+}
+
+/** Whether the timeline trait holds a journal the renderer can draw. */
+function drawable(
+  timeline: Partial<ITimelineOperation>,
+  names: Partial<IWidgetNames>
+): [ITimelineOperation, ITimelineNames] | null {
+  if (
+    timeline.processes === undefined ||
+    timeline.op === undefined ||
+    names.statuses === undefined ||
+    names.phase_names === undefined ||
+    names.barrier_prefix === undefined
+  ) {
+    return null;
+  }
+  return [timeline as ITimelineOperation, names as ITimelineNames];
+}
+
+/**
+ * Draw the timeline into `box` at its width, open spans reaching `now` plus the time
+ * that has passed here since the kernel sent it.
+ */
+function drawTimeline(model: IModel, box: HTMLElement, grownS: number): void {
+  const found = drawable(
+    model.get('timeline') || {},
+    model.get('protocol') || {}
+  );
+  if (found === null) {
+    box.replaceChildren();
+    box.hidden = true;
+    return;
+  }
+  const [op, names] = found;
+  const now = op.now === undefined ? undefined : op.now + grownS;
+  box.hidden = false;
+  box.replaceChildren(
+    renderTimeline(op, names, box.clientWidth || 600, { now, errors: false }),
+    renderLegend(op, names)
+  );
 }
 
 /** Render one view of the widget; redraw whenever a trait it shows changes. */
 function render({ model, el: root }: IRenderProps): () => void {
-  const redraw = (): void => draw(model, root);
-  const events = ['change:rows', 'change:status', 'change:title'];
-  for (const event of events) {
-    model.on(event, redraw);
+  const frame = el('div', 'nbckpt-w');
+  const head = el('div', 'nbckpt-w-head');
+  const chart = el('div', 'nbckpt-w-timeline');
+  const scroll = el('div', 'nbckpt-w-scroll');
+  frame.append(head, chart, scroll);
+  root.replaceChildren(frame);
+
+  let received = performance.now();
+  let timer = 0;
+  let width = 0;
+  const grown = (): number =>
+    Math.min((performance.now() - received) / 1000, GROW_LIMIT_S);
+  const running = (): boolean => {
+    const timeline = model.get('timeline') || {};
+    const names = model.get('protocol') || {};
+    return (
+      names.statuses !== undefined &&
+      timeline.status === names.statuses.running &&
+      timeline.now !== undefined
+    );
+  };
+  const tick = (): void => {
+    if (!running() || grown() >= GROW_LIMIT_S) {
+      window.clearInterval(timer);
+      timer = 0;
+      return;
+    }
+    drawTimeline(model, chart, grown());
+  };
+  const redrawTimeline = (): void => {
+    received = performance.now();
+    drawTimeline(model, chart, 0);
+    frame.dataset.status = model.get('status');
+    if (running() && timer === 0) {
+      timer = window.setInterval(tick, TICK_MS);
+    }
+  };
+  const redrawTable = (): void => {
+    frame.dataset.op = model.get('op');
+    frame.dataset.status = model.get('status');
+    drawHead(model, head);
+    drawTable(model, scroll);
+  };
+  const events: [string, () => void][] = [
+    ['change:rows', redrawTable],
+    ['change:status', redrawTable],
+    ['change:title', redrawTable],
+    ['change:timeline', redrawTimeline],
+    ['change:protocol', redrawTimeline]
+  ];
+  for (const [event, callback] of events) {
+    model.on(event, callback);
   }
-  redraw();
+  // Draw again at the new width when the notebook (or the sidebar beside it) resizes.
+  const resized = new ResizeObserver(() => {
+    if (chart.clientWidth !== width) {
+      width = chart.clientWidth;
+      drawTimeline(model, chart, timer === 0 ? 0 : grown());
+    }
+  });
+  resized.observe(chart);
+  redrawTable();
+  redrawTimeline();
   return () => {
-    for (const event of events) {
-      model.off(event, redraw);
+    resized.disconnect();
+    window.clearInterval(timer);
+    for (const [event, callback] of events) {
+      model.off(event, callback);
     }
   };
 }
