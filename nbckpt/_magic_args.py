@@ -50,6 +50,7 @@ __all__ = [
     "SHOW",
     "STATUS",
     "TIMELINE",
+    "WATCH",
     "WAIT",
     "BarrierArgs",
     "ClusterArgs",
@@ -74,6 +75,7 @@ __all__ = [
     "parse_show_args",
     "parse_status_args",
     "parse_timeline_args",
+    "parse_watch_args",
     "parse_wait_args",
 ]
 
@@ -759,17 +761,23 @@ def parse_status_args(line: str) -> OpArgs | None:
 TIMELINE: Final = MagicArgs(
     "ckpt_timeline",
     *OP_ARGS,
+    argument(
+        "--last",
+        metavar="N",
+        help="draw the newest N saves of the directory on one time axis (instead of OP)",
+    ),
     argument("--save", metavar="FILE.png", help="also write the figure to this PNG file"),
 )
 
 
 @dataclass(frozen=True, kw_only=True)
 class TimelineArgs:
-    """``%ckpt_timeline``: one operation, and the PNG file to write (None: none)."""
+    """``%ckpt_timeline``: one operation or the newest ``last`` saves, and the PNG file."""
 
     op: str | None
     directory: str | None
     save: str | None
+    last: int | None = None
 
 
 def parse_timeline_args(line: str) -> TimelineArgs:
@@ -778,7 +786,41 @@ def parse_timeline_args(line: str) -> TimelineArgs:
     with TIMELINE.checking():
         if ns.save is not None and not ns.save.lower().endswith(".png"):
             raise ValueError(f"--save writes PNG: give a file ending in .png, got {ns.save!r}")
-        return TimelineArgs(op=operation(ns.op), directory=directory(ns.dir), save=ns.save)
+        last = None if ns.last is None else whole(ns.last, "--last", low=1, high=100)
+        if last is not None and ns.op is not None:
+            raise ValueError("give OP (one operation) or --last N (several saves), not both")
+        return TimelineArgs(
+            op=operation(ns.op), directory=directory(ns.dir), save=ns.save, last=last
+        )
+
+
+WATCH: Final = MagicArgs(
+    "ckpt_watch",
+    argument(
+        "dir", nargs="?", metavar="DIR", help="checkpoint directory (default: the cluster's --dir)"
+    ),
+    argument("--last", metavar="N", default="20", help="show the newest N saves (default 20)"),
+    argument("--stop", action="store_true", help="stop watching (the table keeps its rows)"),
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WatchArgs:
+    """``%ckpt_watch``: the root (None: the cluster's), how many saves, or stop."""
+
+    directory: str | None
+    last: int
+    stop: bool
+
+
+def parse_watch_args(line: str) -> WatchArgs:
+    """Parse and check ``%ckpt_watch``'s line; raise UsageError if anything is wrong."""
+    ns = WATCH.parse(line)
+    with WATCH.checking():
+        if ns.stop and ns.dir is not None:
+            raise ValueError("--stop stops the watch there is; give it alone")
+        last = whole(ns.last, "--last", low=1, high=1000)
+        return WatchArgs(directory=directory(ns.dir, "DIR"), last=last, stop=ns.stop)
 
 
 RETENTION: Final = MagicArgs(

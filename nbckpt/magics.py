@@ -125,6 +125,7 @@ class NbckptMagics(Magics):
             raise UsageError("a cluster is running already; %ckpt_cluster stop it first")
         cluster = _start_cluster(args)
         self.cluster, self.client = cluster, CheckpointClient(cluster, args.directory)
+        cluster.register_root(self.client.directory)  # the lab sidebar offers this root
         cluster.activate_px()  # %px waits for the engines and shows their output
         took = f" in {cluster.timings['ready_s']:.1f} s" if "ready_s" in cluster.timings else ""
         print(
@@ -345,6 +346,30 @@ class NbckptMagics(Magics):
         args = a.parse_show_args(line)
         self._show(args.op, args.directory)
 
+    @a.WATCH
+    @line_magic
+    def ckpt_watch(self, line: str) -> None:
+        """Watch every save the engines make under a root: one row per save, newest first.
+
+        For a training loop that saves through the engine API inside ``%%px
+        --noblock``: the table follows the journal by itself until ``%ckpt_watch
+        --stop`` (a new ``%ckpt_watch`` replaces the one before). Each row: step, start,
+        state (the phase while it runs), bytes written, the blocking snapshot, how long
+        it took, its processes by status, and the failure that caused a failed save.
+        Without widgets, prints the table once.
+        """
+        args = a.parse_watch_args(line)
+        if args.stop:
+            if self.views.stop_watching():
+                print("stopped watching")
+            else:
+                print("nothing is being watched; %ckpt_watch [DIR] starts")
+            return
+        root = self._root(args.directory, "ckpt_watch")
+        text = self.views.watch_runs(root, args.last)
+        if text is not None:
+            print(text)
+
     @a.TIMELINE
     @line_magic
     def ckpt_timeline(self, line: str) -> Any:
@@ -352,15 +377,28 @@ class NbckptMagics(Magics):
 
         Barrier waits are hatched with a line where each barrier released; the blocking
         snapshot is shaded apart from the background write; a failed process's last
-        phase is outlined in red with its error. Returns the figure.
+        phase is outlined in red with its error. ``--last N`` draws the newest N saves
+        of the directory on one time axis instead, so what overlapped training shows.
+        Returns the figure.
         """
-        from nbckpt.widgets import plot_timeline
+        from nbckpt.widgets.timeline import plot_timeline, plot_timelines
 
         args = a.parse_timeline_args(line)
-        root, op = self._operation(args.op, args.directory)
-        fig = plot_timeline(root, op, save=args.save)
+        if args.last is not None:
+            root = self._root(args.directory, "ckpt_timeline")
+            from nbckpt.widgets.runs import newest_ops
+
+            ops = newest_ops(root, args.last)
+            if not ops:
+                raise UsageError(f"no save is journaled under {root}")
+            fig = plot_timelines(root, ops, save=args.save)
+            what = f"the last {len(ops)} saves"
+        else:
+            root, op = self._operation(args.op, args.directory)
+            fig = plot_timeline(root, op, save=args.save)
+            what = op
         if args.save is not None:
-            print(f"timeline of {op} written to {os.path.abspath(args.save)}")
+            print(f"timeline of {what} written to {os.path.abspath(args.save)}")
         _show_figures_as_png(self.shell)
         return fig
 

@@ -52,6 +52,7 @@ PARSERS: dict[str, Callable[[str], Any]] = {
     "ckpt_show": a.parse_show_args,
     "ckpt_timeline": a.parse_timeline_args,
     "ckpt_retention": a.parse_retention_args,
+    "ckpt_watch": a.parse_watch_args,
 }
 SPECS = {
     "ckpt_cluster": a.CLUSTER,
@@ -66,6 +67,7 @@ SPECS = {
     "ckpt_show": a.SHOW,
     "ckpt_timeline": a.TIMELINE,
     "ckpt_retention": a.RETENTION,
+    "ckpt_watch": a.WATCH,
 }
 
 
@@ -115,6 +117,11 @@ def _check_result(magic: str, result: Any) -> None:
         assert 1 <= result.devices_per_process <= a.MAX_PROCESSES
     if isinstance(result, a.OpArgs | a.TimelineArgs):
         assert result.op is None or result.op.strip()
+    if isinstance(result, a.WatchArgs):
+        assert type(result.last) is int and 1 <= result.last <= 1000
+        assert not (result.stop and result.directory is not None)
+    if isinstance(result, a.TimelineArgs) and result.last is not None:
+        assert type(result.last) is int and 1 <= result.last <= 100 and result.op is None
     if isinstance(result, a.TimelineArgs) and result.save is not None:
         assert result.save.lower().endswith(".png")
 
@@ -293,6 +300,7 @@ GOOD = {
     "ckpt_show": "",
     "ckpt_timeline": "",
     "ckpt_retention": "--max-to-keep 3 --best 2 --metric loss",
+    "ckpt_watch": "--last 5",
 }
 
 
@@ -624,6 +632,12 @@ def test_nul_characters_are_usage_errors(magic):
         ("ckpt_show", "''"),
         ("ckpt_timeline", "--save t.jpg"),
         ("ckpt_timeline", "a b"),
+        ("ckpt_timeline", "--last 0"),
+        ("ckpt_timeline", "op --last 2"),
+        ("ckpt_watch", "--last 0"),
+        ("ckpt_watch", "--last many"),
+        ("ckpt_watch", "ckpt --stop"),
+        ("ckpt_watch", "a b"),
         ("ckpt_wait", "now"),
         ("ckpt_wait", "''"),
         ("ckpt_cluster", "explode"),

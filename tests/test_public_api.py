@@ -63,7 +63,7 @@ def test_notebook_side_modules_do_not_import_jax():
         "nbckpt.fsck, nbckpt.server, nbckpt.protocol, nbckpt.journal, nbckpt.layout, "
         "nbckpt.errors, nbckpt.procgroup, nbckpt.monitor, nbckpt.widgets, "
         "nbckpt.widgets.progress, nbckpt.widgets.live, nbckpt.widgets.timeline, "
-        "nbckpt.widgets.text"
+        "nbckpt.widgets.text, nbckpt.widgets.runs, nbckpt.widgets.palette"
     )
     assert not {"jax", "tensorstore", "nbckpt.engine"} & mods
 
@@ -77,6 +77,7 @@ def test_widgets_public_names_are_pinned_and_imported_lazily():
         "TextProgress",
         "plot_timeline",
         "watch",
+        "watch_runs",
     }
     for name in nbckpt.widgets.__all__:
         assert getattr(nbckpt.widgets, name).__doc__, name
@@ -86,6 +87,7 @@ def test_widgets_public_names_are_pinned_and_imported_lazily():
         "OperationView",
         "ProcessView",
         "barrier_report_view",
+        "settled",
         "view_state",
     }
     mods = _imported_after("import nbckpt.widgets")

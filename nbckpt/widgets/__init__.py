@@ -1,7 +1,8 @@
 """Live per-host views of an operation, and its timeline figure.
 
 :func:`watch` returns a :class:`ProgressWidget` that follows an operation's journal by
-itself; :func:`plot_timeline` draws one operation as a matplotlib figure;
+itself; :func:`watch_runs` a table of every save under a root (``%ckpt_watch``);
+:func:`plot_timeline` draws operations as a matplotlib figure;
 :class:`TextProgress` draws tqdm bars per process for terminals. Submodules import
 their dependencies (anywidget, matplotlib, tqdm) only when first used.
 """
@@ -13,16 +14,18 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from nbckpt.widgets._watch import watch
     from nbckpt.widgets.progress import ProgressWidget
+    from nbckpt.widgets.runs import watch_runs
     from nbckpt.widgets.text import TextProgress
     from nbckpt.widgets.timeline import plot_timeline
 
-__all__ = ["ProgressWidget", "TextProgress", "plot_timeline", "watch"]
+__all__ = ["ProgressWidget", "TextProgress", "plot_timeline", "watch", "watch_runs"]
 
 _WHERE = {
     "ProgressWidget": "nbckpt.widgets.progress",
     "TextProgress": "nbckpt.widgets.text",
     "plot_timeline": "nbckpt.widgets.timeline",
     "watch": "nbckpt.widgets._watch",
+    "watch_runs": "nbckpt.widgets.runs",
 }
 
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import os
 
-from nbckpt.monitor import JournalTailer
-from nbckpt.protocol import Status
+from nbckpt.monitor import JournalTailer, OperationView, settled
 from nbckpt.widgets.live import LiveUpdater
 from nbckpt.widgets.progress import ProgressWidget
 
@@ -36,15 +35,21 @@ def watch(
     -------
     ProgressWidget
         Its ``live`` attribute is the :class:`~nbckpt.widgets.live.LiveUpdater`, or None
-        if the operation had already ended.
+        if the operation's view was already settled (:func:`nbckpt.monitor.settled`).
     """
     tailer = JournalTailer(root, op)
     tailer.poll()
-    widget = ProgressWidget(tailer.view())
+    view = tailer.view()
+    widget = ProgressWidget(view, tailer.record())
     if display:
         from IPython.display import display as show
 
         show(widget)
-    if tailer.record().status == Status.RUNNING or tailer.event_count == 0:
-        widget.live = LiveUpdater(tailer, widget.update_from, interval_s=interval_s).start()
+    # A failed operation is followed on until its survivors have recorded their end.
+    if not settled(view) or tailer.event_count == 0:
+        # The timeline draws the merged journal the view was made from (or one poll newer).
+        def apply(latest: OperationView) -> None:
+            widget.update_from(latest, tailer.record())
+
+        widget.live = LiveUpdater(tailer, apply, interval_s=interval_s).start()
     return widget

@@ -20,12 +20,25 @@ import threading
 import time
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic, Protocol, Self, TypeVar
 
-from nbckpt.monitor import JournalTailer, OperationView
+from nbckpt.monitor import JournalTailer, OperationView, settled
 from nbckpt.protocol import Status
 
-__all__ = ["LiveUpdater", "kernel_loop"]
+__all__ = ["Follower", "LiveUpdater", "Source", "kernel_loop"]
+
+V = TypeVar("V")
+V_co = TypeVar("V_co", covariant=True)
+
+
+class Source(Protocol[V_co]):
+    """What a :class:`Follower` polls: a journal tailer, or several (``%ckpt_watch``)."""
+
+    def poll(self) -> bool:
+        """Read what is new; tell whether anything was."""
+
+    def view(self) -> V_co:
+        """What to show, as of the last poll."""
 
 
 def kernel_loop() -> Any | None:
@@ -38,18 +51,17 @@ def kernel_loop() -> Any | None:
     return getattr(kernel, "io_loop", None)
 
 
-class LiveUpdater:
-    """Poll a :class:`~nbckpt.monitor.JournalTailer` and apply each new view.
+class Follower(Generic[V]):
+    """Poll a :class:`Source` in a thread and apply each new view, coalesced.
 
     Parameters
     ----------
-    tailer
-        The journal to follow.
+    source
+        What to poll.
     apply
-        Called with each new :class:`~nbckpt.monitor.OperationView` (e.g. a widget's
-        ``update_from``), never twice at once.
+        Called with each new view (e.g. a widget's ``update_from``), never twice at once.
     interval_s
-        How often to poll the journal.
+        How often to poll.
     loop
         An object with a thread-safe ``add_callback`` (the kernel's IO loop) on which
         to apply views; None applies them from the polling thread. Default: the
@@ -58,21 +70,20 @@ class LiveUpdater:
         How long a scheduled callback may wait on a busy loop before the thread
         applies the view itself.
     idle_stop_s
-        Stop when the journal has not grown for this long (processes killed before
-        they could record a failure leave an operation running forever).
+        Stop when nothing new has been read for this long.
     """
 
     def __init__(
         self,
-        tailer: JournalTailer,
-        apply: Callable[[OperationView], object],
+        source: Source[V],
+        apply: Callable[[V], object],
         *,
         interval_s: float = 0.25,
         loop: Any | None = ...,
         busy_after_s: float = 0.5,
         idle_stop_s: float = 900.0,
     ) -> None:
-        self.tailer = tailer
+        self.source = source
         self._apply_fn = apply
         self.interval_s = interval_s
         self.loop = kernel_loop() if loop is ... else loop
@@ -83,12 +94,12 @@ class LiveUpdater:
         self.applied_from_thread = 0
         self.error: BaseException | None = None
         self._lock = threading.Lock()
-        self._pending: OperationView | None = None
+        self._pending: V | None = None
         self._scheduled_at: float | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="nbckpt-live", daemon=True)
 
-    def start(self) -> LiveUpdater:
+    def start(self) -> Self:
         """Start polling in a daemon thread; return self."""
         self._thread.start()
         return self
@@ -121,7 +132,7 @@ class LiveUpdater:
             self._scheduled_at = None
             self._apply_locked()
 
-    def _offer(self, view: OperationView) -> None:
+    def _offer(self, view: V) -> None:
         with self._lock:
             self._pending = view  # coalesce: only the newest view is ever applied
             if self.loop is None:
@@ -139,26 +150,92 @@ class LiveUpdater:
                 self._apply_locked()
                 self.applied_from_thread += 1
 
-    def _settled(self) -> bool:
+    def _applied(self) -> bool:
         with self._lock:
             return self._pending is None
 
+    def _done(self, view: V, quiet_s: float) -> bool:
+        """Whether to stop following: when nothing new came for ``idle_stop_s``."""
+        return quiet_s > self.idle_stop_s
+
     def _run(self) -> None:
         last_growth = time.monotonic()
-        first = True
+        view: V | None = None
         try:
             while True:
-                if self.tailer.poll() or first:
-                    first = False
+                if self.source.poll() or view is None:
                     last_growth = time.monotonic()
-                    self._offer(self.tailer.view())
+                    view = self.source.view()
+                    self._offer(view)
                 self._apply_if_loop_busy()
-                finished = self.tailer.record().status != Status.RUNNING
-                idle = time.monotonic() - last_growth > self.idle_stop_s
-                if (finished or idle) and self._settled():
+                if self._done(view, time.monotonic() - last_growth) and self._applied():
                     return
                 if self._stop.wait(self.interval_s):
                     return
         except Exception as e:  # an observer must never take the kernel down
             self.error = e
             warnings.warn(f"nbckpt: live view stopped: {e}", RuntimeWarning, stacklevel=1)
+
+
+class LiveUpdater(Follower[OperationView]):
+    """Poll a :class:`~nbckpt.monitor.JournalTailer` and apply each new view.
+
+    Parameters
+    ----------
+    tailer
+        The journal to follow.
+    apply
+        Called with each new :class:`~nbckpt.monitor.OperationView` (e.g. a widget's
+        ``update_from``), never twice at once.
+    interval_s, loop, busy_after_s
+        As for :class:`Follower`.
+    settle_s
+        Once the operation has failed, stop when the journal has not grown for this
+        long, even if some process has not recorded how it ended.
+    idle_stop_s
+        Stop when the journal has not grown for this long (processes killed before
+        they could record a failure leave an operation running forever).
+
+    Notes
+    -----
+    The updater follows the journal until the view is settled
+    (:func:`nbckpt.monitor.settled`): the operation is over *and* every process that
+    recorded anything has reached an end of its own, or is reported dead. The first
+    failure is not the end: the other processes give up a moment later and journal
+    it (at once for a peer's recorded failure; within the heartbeat's
+    ``dead_after_s``, or up to 20 s while a silent peer's host still answers, for a
+    dead one), and the view must show that too. Only if a survivor records nothing
+    for ``settle_s`` (default 60 s, three times the longest of those waits) after the
+    failure does the updater stop without its end; a running operation whose journal
+    stays silent for ``idle_stop_s`` is given up as well.
+    """
+
+    def __init__(
+        self,
+        tailer: JournalTailer,
+        apply: Callable[[OperationView], object],
+        *,
+        interval_s: float = 0.25,
+        loop: Any | None = ...,
+        busy_after_s: float = 0.5,
+        settle_s: float = 60.0,
+        idle_stop_s: float = 900.0,
+    ) -> None:
+        super().__init__(
+            tailer,
+            apply,
+            interval_s=interval_s,
+            loop=loop,
+            busy_after_s=busy_after_s,
+            idle_stop_s=idle_stop_s,
+        )
+        self.tailer = tailer
+        self.settle_s = settle_s
+
+    def _done(self, view: OperationView, quiet_s: float) -> bool:
+        """Whether to stop following (see the class's notes)."""
+        if settled(view):
+            return True
+        if view.status != Status.RUNNING and quiet_s > self.settle_s:
+            return True
+        return quiet_s > self.idle_stop_s
