@@ -350,16 +350,23 @@ def _journal_bytes(root: str, op: str) -> dict[str, int]:
 
 
 def replicated_round_trip(root: str, plan: str) -> dict[str, Any]:
-    """Save the big state, restore it with ``plan`` ("share" or "split"); report.
+    """Save the big state, restore it with ``plan`` ("share", "apart" or "split"); report.
 
-    ``share`` is what a local root on one host gets; ``split`` (read in pieces, then
-    gathered) is what an object store or several hosts get, forced here.
+    ``share`` is what a local root on one host gets; ``apart`` is the same with every
+    process given a shared-memory folder of its own, as processes that share a host
+    name but not its memory would be; ``split`` (read in pieces, then gathered) is
+    what an object store or several hosts get, forced here.
     """
     from pathlib import Path
 
+    from nbckpt.engine import hostshare
     from nbckpt.engine import restore as _restore
     from nbckpt.engine.exchange import JobReads
     from nbckpt.layout import step_dir
+
+    if plan == "apart":
+        hostshare.SCRATCH_DIR = Path(root) / f"shm-{jax.process_index()}"
+        hostshare.SCRATCH_DIR.mkdir()
 
     state, full = _big_state()
     ckptr = checkpointer(root)
@@ -369,7 +376,7 @@ def replicated_round_trip(root: str, plan: str) -> dict[str, Any]:
     target = {
         k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=v.sharding) for k, v in state.items()
     }
-    if plan == "share":
+    if plan in ("share", "apart"):
         restored = ckptr.restore(1, target=target)
         out["restore"] = _journal_bytes(root, str(ckptr.last_op))
     else:

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
+from pathlib import Path
 
 import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy)
 import numpy as np
 import pytest
 
+from nbckpt.engine import hostshare
 from nbckpt.journal import read_operation
 from nbckpt.layout import COMMIT_FILE, METADATA_FILE, all_steps, latest_step
 
@@ -153,9 +156,14 @@ def test_a_stalled_process_fails_the_save_and_is_named(group4, tmp_path):
     assert group4.run(f"{T}:restore_check", root, None, 1) == [[]] * 4
 
 
-def test_replicated_leaves_are_written_and_checked_once_per_job(group4, tmp_path):
-    """Every process writes its part of a replicated leaf, reads it whole from the
-    host's page cache, and checks only its share of the chunks."""
+def _scratch_files() -> set[Path]:
+    return set(hostshare.SCRATCH_DIR.glob(f"nbckpt-{os.getuid()}-*"))
+
+
+def test_replicated_leaves_are_written_and_read_once_per_job(group4, tmp_path):
+    """Every process writes its part of a replicated leaf, then reads and checks only
+    its slab into the host's shared memory, and adopts the whole leaf from there."""
+    before = _scratch_files()
     out = group4.run(f"{T}:replicated_round_trip", str(tmp_path), "share")
     assert [o["problems"] for o in out] == [[]] * 4
     unique = (8 << 20) + (16 << 20) + 32  # rep, half, tiny: each stored once
@@ -164,11 +172,24 @@ def test_replicated_leaves_are_written_and_checked_once_per_job(group4, tmp_path
     # rep (8 replicas) and half (4 replicas) are split among the devices holding them:
     # no process writes more than its share plus the tiny leaf.
     assert max(written) <= unique // 4 + 32
-    # Every process holds every byte, so it reads every byte (once, from the cache),
-    # and the job as a whole has checked each chunk.
-    # (rep whole, half's two model shards on its two devices, tiny)
-    assert {o["restore"]["read_done"] for o in out} == {(8 << 20) + (16 << 20) + 32}
+    # Each byte of rep and half is read by one process of the host (tiny, too small
+    # to split, by all four), and every chunk read is checked.
+    read = [o["restore"]["read_done"] for o in out]
+    assert sum(read) == unique - 32 + 4 * 32, read
     assert {o["restore"]["verified"] for o in out} == {1}
+    assert _scratch_files() == before  # every shared file is unlinked
+
+
+def test_replicated_leaves_are_read_whole_where_memory_is_not_shared(group4, tmp_path):
+    """Processes that share a host name but not its shared memory find the other
+    slabs missing after the barrier and read the whole leaf themselves."""
+    out = group4.run(f"{T}:replicated_round_trip", str(tmp_path), "apart")
+    assert [o["problems"] for o in out] == [[]] * 4
+    read = [o["restore"]["read_done"] for o in out]
+    # Each read its slab first, then the whole of rep and half's two shards.
+    assert all(r >= (8 << 20) + (16 << 20) + 32 for r in read), read
+    assert sum(read) == 4 * ((8 << 20) + (16 << 20) + 32) + (8 << 20) + (16 << 20), read
+    assert not [p for i in range(4) for p in (tmp_path / f"shm-{i}").iterdir()]
 
 
 def test_replicated_leaves_can_be_read_in_pieces_and_gathered(group4, tmp_path):
@@ -188,8 +209,10 @@ def test_a_damaged_replicated_chunk_fails_the_restore_everywhere(group4, tmp_pat
     data = bytearray(damaged.read_bytes())
     data[100] ^= 0xFF
     damaged.write_bytes(bytes(data))
+    before = _scratch_files()
     errors = group4.run(f"{T}:restore_error", root, 1)
     assert all(errors), errors
+    assert _scratch_files() == before  # a failed restore leaves no shared file behind
     kinds = [e.split(":", 1)[0] for e in errors]
     assert kinds.count("CorruptCheckpointError") >= 1, errors
     assert set(kinds) <= {"CorruptCheckpointError", "PeerFailedError"}, errors

@@ -510,7 +510,9 @@ class AsyncCheckpointer:
             # Every process has read and checked its part, or one says why not.
             self._sync.barrier(op, READ_BARRIER, timeout_s=timeout)
 
-        job = JobReads(agree, self._preflight.hosts, local_root=isinstance(self.root, Path))
+        job = JobReads(
+            agree, self._preflight.hosts, local_root=isinstance(self.root, Path), scratch=op
+        )
         try:
             result = _restore.restore_step(
                 step_dir(self.root, step), target, journal, cast=cast, item=item, job=job

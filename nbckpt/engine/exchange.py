@@ -4,11 +4,12 @@ A leaf that several processes hold whole (data-parallel state: every process has
 full tree) would otherwise be read, and checked, by each of them. Two plans avoid it:
 
 - **share** (the holders are on one host and the root is a local or shared POSIX
-  path): each process reads the whole leaf, which the host's page cache serves from
-  one read of the disk, but checks only its share of the chunks; the job then agrees
-  that every share passed. On one host a copy out of the page cache costs less than
-  a trip through the collectives (which copies each byte through the kernel twice);
-  rough runs on the 2-core test machine agreed, though too loaded to quote.
+  path): each process reads and checks only its slab of the leaf's chunks, into one
+  file in the host's shared memory, and after the barrier every process maps the
+  whole file as its copy-on-write buffer (:mod:`nbckpt.engine.hostshare`): one read
+  and one copy of each byte per host, whatever the number of processes. Where the
+  shared memory has no room, each process reads the whole leaf (the page cache
+  serves it from one read of the disk) and still checks only its slab.
 - **split** (the holders span hosts, or the root is an object store, where every GET
   is a request of its own): the leaf is read under a *split* sharding, the target's
   with its replicated mesh axes moved onto an array dimension, so that each device
@@ -76,11 +77,17 @@ class JobReads:
     local_root
         Whether the step is on a POSIX path (one page cache per host), not an object
         store.
+    scratch
+        A tag unique to this restore and the same on every process (its operation
+        id): given, the holders of a region on one host read it together into the
+        host's shared memory (:mod:`nbckpt.engine.hostshare`); None, each reads it
+        whole.
     """
 
     agree: Callable[[], None]
     hosts: dict[int, str] = field(default_factory=dict)
     local_root: bool = True
+    scratch: str | None = None
 
     def one_host(self, processes: Iterable[int]) -> bool:
         """Whether every one of ``processes`` is known to run on the same host."""
@@ -105,9 +112,9 @@ def _processes_per_shard(sharding: jax.sharding.Sharding, shape: tuple[int, ...]
 def verify_shares(held: dict[Box, list[int]], me: int) -> dict[Box, tuple[int, int]]:
     """For each region ``me`` holds with other processes: (its rank, their number).
 
-    ``held`` is :func:`holders` of the leaf. The holders of a region all read it whole;
-    the one of rank ``r`` among ``n`` checks the chunks at positions ``r``, ``r + n``,
-    ... of the read.
+    ``held`` is :func:`holders` of the leaf. The one of rank ``r`` among ``n`` holders
+    reads (into the host's shared memory) or at least checks the chunks of its slab:
+    :func:`nbckpt.engine.hostshare.slab_rows`.
     """
     return {box: (ps.index(me), len(ps)) for box, ps in held.items() if me in ps and len(ps) > 1}
 

@@ -31,6 +31,8 @@ import numpy as np
 import tensorstore as ts
 
 from nbckpt import checksum as _checksum
+from nbckpt.engine import hostshare
+from nbckpt.engine.hostshare import HostRegion, slab_rows
 from nbckpt.engine.sources import ArraySource
 from nbckpt.engine.tree import path_str
 from nbckpt.engine.writer import ProgressReport, chunk_key, chunk_regions
@@ -142,9 +144,14 @@ class _Read:
     box: Box
     buf: np.ndarray
     future: Any = None
-    #: (rank, holders): this process checks only every ``holders``-th chunk of the
-    #: read, from ``rank`` on; the other holders check the rest (None: all of them).
+    #: (rank, holders): this process checks only the chunks of its slab of the read
+    #: (:func:`~nbckpt.engine.hostshare.slab_rows`); the other holders check the rest
+    #: (None: all of them).
     share: tuple[int, int] | None = None
+    #: The host-shared file this read is this process's slab of, and the whole region
+    #: (``box`` is then only the slab); placed once every holder has passed the barrier.
+    region: HostRegion | None = None
+    whole: Box | None = None
 
 
 class LeafRead:
@@ -152,9 +159,11 @@ class LeafRead:
 
     ``__init__`` starts opening the array (unless an opening is given), ``issue``
     issues the reads, ``check`` checks one finished read, ``place`` puts it on the
-    devices that need it, and ``result`` assembles the leaf. The steps are separate so
-    that a restore opens every leaf, then issues every read, before it waits for any:
-    tensorstore overlaps them all.
+    devices that need it, ``adopt`` places the regions read together with other
+    processes once they all passed the barrier, and ``result`` assembles the leaf. The
+    steps are separate so that a restore opens every leaf, then issues every read,
+    before it waits for any: tensorstore overlaps them all. ``release`` frees what the
+    leaf holds in shared memory; call it whatever happened.
 
     Parameters
     ----------
@@ -179,6 +188,11 @@ class LeafRead:
         this process's rank among them and their number. It then checks only its
         share of the region's chunks (:func:`nbckpt.engine.exchange.verify_shares`);
         the restore must make every process agree that all shares passed.
+    scratch
+        Given (a tag unique to this restore and the same on every process), a region
+        in ``shares`` is read together with the other holders into one file in the
+        host's shared memory (:mod:`nbckpt.engine.hostshare`): this process reads only
+        its slab, and :meth:`adopt`, after the barrier, maps the whole region.
     """
 
     def __init__(
@@ -190,6 +204,7 @@ class LeafRead:
         recorded: dict[str, tuple[str, int]] | None,
         opening: ts.Future[ts.TensorStore] | None = None,
         shares: dict[Box, tuple[int, int]] | None = None,
+        scratch: str | None = None,
     ) -> None:
         self.source = source
         self.meta = meta
@@ -206,6 +221,9 @@ class LeafRead:
         self.devices: list[tuple[Any, Box]] = []
         self.placed: dict[int, Any] = {}
         self.shares = shares or {}
+        self.scratch = scratch
+        #: Slabs read into host-shared files, placed by :meth:`adopt`.
+        self.pending: list[_Read] = []
         self._opening: Any = None
         if meta["kind"] != "scalar":
             self._opening = opening if opening is not None else source.open(self.name)
@@ -280,24 +298,67 @@ class LeafRead:
             box = self._box(want)
             if box in self.reads:
                 continue
-            buf = aligned_empty(tuple(b - a for a, b in box), dtype)
-            read = _Read(self, box, buf, share=self.shares.get(want))
-            dst = ts.array(buf, copy=False, write=True)
-            read.future = dst.write(store[self._slices(box)])
+            share = self.shares.get(want)
+            read = None
+            if share is not None and self.scratch is not None:
+                read = self._together(box, dtype, share)
+            if read is None:
+                buf = aligned_empty(tuple(b - a for a, b in box), dtype)
+                read = _Read(self, box, buf, share=share)
+            if read.region is None or read.buf.size:
+                dst = ts.array(read.buf, copy=False, write=True)
+                read.future = dst.write(store[self._slices(read.box)])
+            else:  # an empty slab: the other holders read the whole region
+                read.future = Future()
+                read.future.set_result(None)
             read.future.add_done_callback(functools.partial(_call, on_done, read))
             self.reads[box] = read
-            self.nbytes += buf.nbytes
+            self.nbytes += read.buf.nbytes
         return len(self.reads)
+
+    def _rows(self, box: Box) -> int:
+        """The number of chunk rows along the first dimension of ``box``."""
+        a, b = box[0]
+        return -(-(b - a) // max(1, self.chunks[0]))
+
+    def _together(self, box: Box, dtype: np.dtype[Any], share: tuple[int, int]) -> _Read | None:
+        """This process's slab of ``box``, read into the holders' shared file.
+
+        None when the shared memory has no room or cannot be used: the caller reads
+        the whole region itself, as every holder then does.
+        """
+        rank, holders = share
+        shape = tuple(b - a for a, b in box)
+        if not hostshare.usable(math.prod(shape) * dtype.itemsize):
+            return None
+        try:
+            region = HostRegion(f"{self.scratch}|{self.name}|{box}", shape, dtype, rank, holders)
+        except OSError:
+            return None
+        try:
+            start, stop = region.slab(slab_rows(self._rows(box), holders, rank), self.chunks[0])
+        except OSError:
+            region.close()
+            return None
+        (a, _), *rest = box
+        slab: Box = ((a + start, a + stop), *rest)
+        return _Read(self, slab, region.buffer()[start:stop], region=region, whole=box)
 
     def _verify(self, read: _Read) -> None:
         """Check every chunk of ``read`` against its recorded checksum."""
         recorded = self.recorded
         if recorded is None:  # nothing was recorded to check against
             return
-        rank, holders = read.share or (0, 1)
+        # A shared region has a first dimension (only leaves of 2 MiB or more are
+        # shared); a 0-d leaf is checked whole.
+        mine, first, step = None, 0, 1
+        if read.share is not None and read.share[1] > 1:
+            rank, holders = read.share
+            mine = slab_rows(self._rows(read.box), holders, rank)
+            first, step = read.box[0][0], max(1, self.chunks[0])
         regions = chunk_regions(self._slices(read.box), self.shape, self.chunks)
-        for i, (glob, local) in enumerate(regions):
-            if i % holders != rank:
+        for glob, local in regions:
+            if mine is not None and (glob[0].start - first) // step not in mine:
                 continue  # another process that read this region checks that chunk
             key = chunk_key(glob, self.chunks)
             rec = recorded.get(key)
@@ -323,16 +384,55 @@ class LeafRead:
         self._verify(read)
 
     def place(self, read: _Read) -> None:
-        """Put what each device needs of a checked read on that device."""
+        """Put what each device needs of a checked read on that device.
+
+        A slab of a host-shared region is only recorded as done: :meth:`adopt` places
+        the region once every holder has passed the barrier.
+        """
+        if read.region is not None:
+            read.region.mark()
+            self.pending.append(read)
+            return
+        self._place(read.box, read.buf)
+
+    def adopt(self) -> None:
+        """Place the regions read together with other processes (after the barrier).
+
+        A region whose file misses another holder's slab (it read the region itself,
+        or this host name hides several hosts' shared memories) is read again here,
+        whole and unchecked: its holders checked every chunk of it, each its slab.
+        """
+        store = None
+        for read in self.pending:
+            assert read.region is not None and read.whole is not None
+            host = read.region.adopt()
+            if host is None:
+                store = store or self.store()
+                host = aligned_empty(read.region.shape, read.region.dtype)
+                try:
+                    dst = ts.array(host, copy=False, write=True)
+                    dst.write(store[self._slices(read.whole)]).result()
+                except ValueError as e:
+                    raise self._read_failed(e, read.whole) from None
+                self.nbytes += host.nbytes
+            read.region.close()
+            self._place(read.whole, host)
+        self.pending.clear()
+
+    def release(self) -> None:
+        """Unlink and drop every host-shared file of this leaf (idempotent)."""
+        for read in self.reads.values():
+            if read.region is not None:
+                read.region.close()
+
+    def _place(self, box: Box, buf: np.ndarray) -> None:
         for i, (device, want) in enumerate(self.devices):
-            if self._box(want) != read.box:
+            if self._box(want) != box:
                 continue
-            host = read.buf
-            if want != read.box:  # the target cuts chunks: copy its part out
+            host = buf
+            if want != box:  # the target cuts chunks: copy its part out
                 part = host[
-                    tuple(
-                        slice(a - o, b - o) for (a, b), (o, _) in zip(want, read.box, strict=True)
-                    )
+                    tuple(slice(a - o, b - o) for (a, b), (o, _) in zip(want, box, strict=True))
                 ]
                 host = aligned_empty(part.shape, part.dtype)
                 host[...] = part

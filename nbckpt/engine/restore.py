@@ -190,6 +190,9 @@ def restore_step(
         gathered[len(leaves)] = sharding
         return split, None
 
+    # Regions held whole by several processes of this host are read together, once,
+    # into the host's shared memory (see nbckpt.engine.hostshare).
+    tag = None if job is None or job.scratch is None else f"{job.scratch}|{directory}"
     if journal is not None:
         journal.emit(Event.READ_STARTED)
     leaves: list[LeafRead] = []
@@ -198,7 +201,7 @@ def restore_step(
         for m in meta["leaves"]:
             sharding = default_sharding(m) if m["kind"] == "jax" else None
             read_as, shares = plan(sharding, m)
-            leaves.append(LeafRead(source, m, read_as, None, sums(m), shares=shares))
+            leaves.append(LeafRead(source, m, read_as, None, sums(m), shares=shares, scratch=tag))
             paths.append(tuple((k, v) for k, v in m["path"]))
     else:
         flat, treedef = jax.tree_util.tree_flatten_with_path(target)
@@ -214,18 +217,24 @@ def restore_step(
             check_shape(name, m.get("shape", ()), shape)
             check_dtype(name, m.get("dtype"), dtype, cast)
             read_as, shares = plan(sharding, m)
-            leaves.append(LeafRead(source, m, read_as, dtype, sums(m), shares=shares))
+            leaves.append(LeafRead(source, m, read_as, dtype, sums(m), shares=shares, scratch=tag))
 
     def progress(done: int, total: int) -> None:
         if journal is not None:
             journal.emit(Event.READ_PROGRESS, bytes=done, total=total)
 
-    read_all(leaves, progress if journal is not None else None)
-    values = [leaf.result() for leaf in leaves]
-    if gathered or shared:
-        # Every process plans alike (same target, metadata and hosts), so all meet here.
-        assert job is not None
-        job.agree()
+    try:
+        read_all(leaves, progress if journal is not None else None)
+        if gathered or shared:
+            # Every process plans alike (same target, metadata and hosts), so all meet here.
+            assert job is not None
+            job.agree()
+        for i in shared:
+            leaves[i].adopt()
+        values = [leaf.result() for leaf in leaves]
+    finally:
+        for i in shared:
+            leaves[i].release()
     if gathered:
         where = sorted(gathered)
         moved = gather([values[i] for i in where], [gathered[i] for i in where])
