@@ -108,9 +108,15 @@ def _run_all(page: Any, path: Path) -> None:
     except PlaywrightTimeoutError:
         page.screenshot(path=ARTIFACTS / f"{path.stem}_unfinished.png")
         prompts = page.locator(".jp-Notebook .jp-CodeCell .jp-InputArea-prompt")
+        # Run All stops at a cell that raised: say what it raised, or the failure
+        # cannot be told from a slow kernel.
+        errors = page.locator(
+            ".jp-Notebook .jp-RenderedText[data-mime-type='application/vnd.jupyter.stderr']"
+        ).all_inner_texts()
         raise AssertionError(
             f"{path.name} did not finish within {RUN_TIMEOUT_MS / 1000:.0f} s; prompts: "
-            f"{prompts.all_inner_texts()}, kernel: {_kernel_status(page)}"
+            f"{prompts.all_inner_texts()}, kernel: {_kernel_status(page)}; "
+            f"error outputs: {[e[-1500:] for e in errors]}"
         ) from None
 
 
