@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
@@ -42,3 +43,9 @@ def ip() -> InteractiveShell:
     shell = InteractiveShell.instance()
     shell.run_line_magic("load_ext", "nbckpt")
     return shell
+
+
+@pytest.fixture
+def jp_server_config() -> dict[str, Any]:
+    """pytest-jupyter's server, with nbckpt's routes (the server and S3 route tests)."""
+    return {"ServerApp": {"jpserver_extensions": {"nbckpt": True}}}

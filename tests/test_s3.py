@@ -33,7 +33,6 @@ from nbckpt.storage import S3Path
 from tests.ckpt_fixtures import api_get
 from tests.conftest import _ENV
 from tests.s3server import FaultProxy, S3Server
-from tests.test_server import jp_server_config  # noqa: F401 - the routes' fixture
 
 pytestmark = pytest.mark.multihost
 T = "tests.mh_s3"

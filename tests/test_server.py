@@ -126,11 +126,6 @@ def test_manager_refuses_bad_or_unknown_operations(server_root: Path, op: str) -
 
 
 @pytest.fixture
-def jp_server_config() -> dict[str, Any]:
-    return {"ServerApp": {"jpserver_extensions": {"nbckpt": True}}}
-
-
-@pytest.fixture
 def jp_root_dir(server_root: Path) -> Path:
     return server_root
 

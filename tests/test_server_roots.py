@@ -255,11 +255,6 @@ def test_roots_lists_clusters_first_then_what_the_scan_found(
 
 
 @pytest.fixture
-def jp_server_config() -> dict[str, Any]:
-    return {"ServerApp": {"jpserver_extensions": {"nbckpt": True}}}
-
-
-@pytest.fixture
 def jp_root_dir(server_root: Path) -> Path:
     return server_root
 

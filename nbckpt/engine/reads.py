@@ -407,7 +407,8 @@ class LeafRead:
             assert read.region is not None and read.whole is not None
             host = read.region.adopt()
             if host is None:
-                store = store or self.store()
+                if store is None:
+                    store = self.store()
                 host = aligned_empty(read.region.shape, read.region.dtype)
                 try:
                     dst = ts.array(host, copy=False, write=True)
