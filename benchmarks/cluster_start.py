@@ -74,7 +74,6 @@ def nbckpt(n: int) -> dict[str, float]:
             "ready": t["ready_s"],
             "engines": t["engines_s"],
             "join": t["jax_init_s"],
-            "preload_wait": t.get("preload_wait_s", float("nan")),
         }
     finally:
         cluster.stop()
@@ -135,9 +134,6 @@ def main(argv: list[str] | None = None) -> int:
         f"| median | | {med('plain', 'engines'):.2f} s | {med('plain', 'ready'):.2f} s | "
         f"{med('nbckpt', 'engines'):.2f} s | {med('nbckpt', 'join'):.2f} s | "
         f"{med('nbckpt', 'ready'):.2f} s |",
-        "",
-        f"nbckpt's join waited at most {med('nbckpt', 'preload_wait'):.2f} s (median) for "
-        "an engine's early imports to end.",
         "",
         f"ratio nbckpt/plain (medians of ready): {ratio:.2f}",
         f"ready within {TARGET}x of plain ipyparallel: "

@@ -6,24 +6,25 @@ process 0 hosts the coordination service. The notebook never imports jax, nor an
 the engines, as :mod:`nbckpt.procgroup` does for its workers.
 
 The engines nbckpt starts locally or over ssh run :func:`engine_main`, which imports
-:data:`PRELOAD` (jax, tensorstore, nbckpt's engine) in a background thread while the
-engine starts and registers, so that joining the JAX job does not begin with a second
-of imports on every engine.
+:data:`PRELOAD` (jax, tensorstore, nbckpt's engine) before the engine starts (a local
+engine, while the controller starts), so that joining the JAX job does not begin with
+a second of imports on every engine.
 """
 
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import functools
 import importlib
 import json
 import os
 import re
 import shlex
+import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -63,10 +64,10 @@ RELAY = "nbckpt.engine.relay"
 _PROBE = "nbckpt.cluster:_probe_engine"
 _JOIN = "nbckpt.cluster:_join_engine"
 
-#: What the engines nbckpt starts import in a background thread while they start and
-#: register (:func:`engine_main`): all that joining the JAX job and the first save
-#: need. Imports only: none of them touches a device, since JAX's backends must not
-#: exist before ``jax.distributed.initialize``.
+#: What the engines nbckpt starts import before they register (:func:`engine_main`):
+#: all that joining the JAX job and the first save need. Imports only: none of them
+#: touches a device, since JAX's backends must not exist before
+#: ``jax.distributed.initialize``.
 PRELOAD = ("jax", "tensorstore", PROCESS, AGENT, RELAY)
 
 #: ``python -c`` code of the engines nbckpt starts locally and over ssh, in place of
@@ -105,9 +106,8 @@ def remote(ref: str) -> Callable[..., Any]:
 
 # -- engine side: the early imports, the probe and the join -----------------------------
 
-#: What the background import of this engine did (see :func:`preload_report`).
+#: What the early import of this engine did (see :func:`preload_report`).
 _preload: dict[str, Any] = {}
-_preload_thread: threading.Thread | None = None
 
 
 def _run_preload() -> None:
@@ -123,22 +123,24 @@ def _run_preload() -> None:
 
 
 def engine_main() -> None:
-    """Run an ipyparallel engine that imports :data:`PRELOAD` in the background meanwhile.
+    """Run an ipyparallel engine that has imported :data:`PRELOAD` before it starts.
 
     Engine-side: what the engines nbckpt starts locally and over ssh run (``python -c``
-    :data:`ENGINE_MAIN`, with ipyparallel's engine arguments after it). An engine spends
-    its start mostly waiting (for the controller, its registration, the first
-    heartbeat), and the imports use that time. The engine's own modules are imported
-    first, so that the two threads import different modules, but for a few of the
-    standard library's (Python's import locks make those safe); the join waits for
-    the thread to end before it imports anything (see :func:`preload_report`).
+    :data:`ENGINE_MAIN`, with ipyparallel's engine arguments after it). A local engine
+    starts beside the controller, and imports while the controller writes its
+    connection file. The imports run in the engine's only thread: in a background
+    thread, beside the engine's registration, they raced with code that walks
+    ``sys.modules`` (debugpy, imported while the engine registers, failed with
+    "dictionary changed size during iteration"), and the engine exited unregistered.
     """
-    global _preload_thread
+    if hasattr(signal, "SIGUSR1"):
+        # An engine that never registers is asked for its stacks (_missing_text): the
+        # dump lands in its output file, which the error quotes.
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+    _run_preload()
+    _await_url_file(sys.argv)
     from ipyparallel.engine.app import main
 
-    _preload_thread = threading.Thread(target=_run_preload, name="nbckpt-preload", daemon=True)
-    _preload_thread.start()
-    _await_url_file(sys.argv)
     main()
 
 
@@ -170,13 +172,12 @@ def preload_report() -> dict[str, Any]:
     Returns
     -------
     dict
-        ``started``: whether the imports began here, False for an engine that did not
+        ``started``: whether the imports ran here, False for an engine that did not
         start with :func:`engine_main` (one you started yourself). If they did,
         ``jax_before`` (whether jax was imported before they began, which would leave
         them nothing to do), ``error`` (None, or the import's error) and ``seconds``
         (how long they took). After the join, ``jax_at_join`` (whether jax was in
-        ``sys.modules`` when the join began) and ``waited_s`` (how long the join
-        waited for the imports to end).
+        ``sys.modules`` when the join began).
     """
     return {"started": False, **_preload}
 
@@ -193,7 +194,8 @@ def _probe_engine(toward: str, bind: str | None) -> dict[str, Any]:
 
     The port is for the coordination service in case this engine becomes process 0:
     picked on ``bind``, or (None) on this host's address toward ``toward``. It needs no
-    jax, so it answers at once while the early imports go on.
+    jax, so it answers at once from an engine that was not started with
+    :func:`engine_main` either.
     """
     from nbckpt.netaddr import host_info
 
@@ -204,19 +206,11 @@ def _probe_engine(toward: str, bind: str | None) -> dict[str, Any]:
 
 
 def _join_engine(*args: Any, **kwargs: Any) -> dict[str, Any]:
-    """Engine-side: :func:`nbckpt.engine.process.initialize`, once the early imports end.
-
-    Waiting for them first means that no module is imported by two threads at once.
-    Returns initialize's :func:`~nbckpt.engine.process.info` with ``preload_wait_s``.
-    """
-    began = time.perf_counter()
+    """Engine-side: :func:`nbckpt.engine.process.initialize`, noting what was imported."""
     _preload["jax_at_join"] = "jax" in sys.modules
-    if _preload_thread is not None:
-        _preload_thread.join(kwargs.get("timeout_s"))
-    waited = _preload["waited_s"] = time.perf_counter() - began
     from nbckpt.engine.process import initialize
 
-    return {**initialize(*args, **kwargs), "preload_wait_s": waited}
+    return initialize(*args, **kwargs)
 
 
 def _short(text: str) -> str:
@@ -393,10 +387,9 @@ class JaxCluster:
         The controller listens on :attr:`controller_ip` (127.0.0.1 for local engines)
         with a 0.5 s heartbeat, so engines register in about 3 s instead of about 7.
         The cluster gets a fresh id (:attr:`cluster_id`), which ``attach`` asks for.
-        Local and ssh engines import jax and nbckpt's engine while they start
+        Local and ssh engines import jax and nbckpt's engine before they register
         (:func:`engine_main`). :attr:`timings` records ``engines_s`` (until every
-        engine registered), ``jax_init_s`` (the join), ``preload_wait_s`` (the longest
-        any engine's join waited for those imports to end) and ``ready_s``.
+        engine registered), ``jax_init_s`` (the join) and ``ready_s``.
 
         Parameters
         ----------
@@ -622,17 +615,53 @@ class JaxCluster:
         """Engines whose process exited during the start: key -> the last line it wrote."""
         exited: dict[str, str] = {}
         for key, launcher in self._launchers().items():
-            if getattr(launcher, "state", "") == "after":
+            if _launcher_exited(launcher):
                 text = ""
                 with contextlib.suppress(Exception):
                     text = _short(launcher.get_output() or "")
                 exited[key] = text or "no output"
         return exited
 
+    def _stuck(self, pids: set[int]) -> list[str]:
+        """Local engines alive but not among ``pids`` (those registered): where each is.
+
+        Each is asked for its threads' stacks (``SIGUSR1``, see :func:`engine_main`),
+        which it writes to its output file; ipyparallel deletes that file when the
+        cluster stops, so the line quotes it: the engine's last log line and the
+        innermost frame of its main thread.
+        """
+        import psutil
+
+        stuck = {
+            key: launcher
+            for key, launcher in self._launchers().items()
+            if isinstance(getattr(launcher, "process", None), psutil.Process)
+            and launcher.process.pid not in pids
+            and not _launcher_exited(launcher)
+        }
+        for launcher in stuck.values():
+            with contextlib.suppress(OSError, psutil.Error):
+                launcher.process.send_signal(signal.SIGUSR1)
+        if stuck:
+            time.sleep(0.5)
+        lines = []
+        for key, launcher in stuck.items():
+            text = ""
+            with contextlib.suppress(OSError):
+                text = Path(launcher.output_file).read_text(errors="replace")
+            lines.append(
+                f"engine {_which_engine(key)} (pid {launcher.process.pid}) {_where_stuck(text)}"
+            )
+        return lines
+
     def _registered_hosts(self) -> list[str]:
         """Host names of the engines that registered (asked of them, 5 s at most)."""
+        return [str(info["host"]) for info in self._registered_infos()]
+
+    def _registered_infos(self) -> list[dict[str, Any]]:
+        """:func:`~nbckpt.netaddr.host_info` of each registered engine that answered."""
         answers = self._ask(list(self.client.ids), HOST_INFO, "127.0.0.1", timeout_s=5)
-        return [str(info["host"]) for ok, info in answers if ok]
+        return [info for ok, info in answers if ok]
 
     def _awaited(self, heard: list[str]) -> list[str]:
         """The ssh hosts no engine has registered from yet (all of them for others)."""
@@ -668,9 +697,10 @@ class JaxCluster:
         )
 
     def _missing_text(self, timeout_s: float, exited: dict[str, str]) -> str:
-        heard = self._registered_hosts()
+        infos = self._registered_infos()
+        heard = [str(info["host"]) for info in infos]
         parts = [
-            f"engine on {key.rpartition('/')[0] or key} exited before it registered: {text}"
+            f"engine {_which_engine(key)} exited before it registered: {text}"
             for key, text in exited.items()
         ]
         if not exited:
@@ -679,6 +709,7 @@ class JaxCluster:
             parts.append(
                 f"only {len(heard)} of {self.n} engines registered within {timeout_s:g} s{where}"
             )
+            parts += self._stuck({int(info["pid"]) for info in infos if "pid" in info})
         return (
             "; ".join(parts) + f"; the hosts must reach the controller at {self.controller_ip} "
             "(--controller-ip) and have nbckpt installed; the cluster was stopped"
@@ -909,11 +940,11 @@ class JaxCluster:
         """Prepare every engine as one JAX process of the job, all at once.
 
         Each runs :func:`nbckpt.engine.process.initialize`, the same setup a
-        :class:`~nbckpt.procgroup.ProcessGroup` worker runs, once its early imports
-        ended (:func:`engine_main`); process 0's coordination service binds ``port``.
-        With ``relays``, the read services are asked for in the same breath
-        (:meth:`_ask_relays`): each engine starts its own right after its join, with
-        no round trip of its own.
+        :class:`~nbckpt.procgroup.ProcessGroup` worker runs, with its imports done
+        before the engine registered (:func:`engine_main`); process 0's coordination
+        service binds ``port``. With ``relays``, the read services are asked for in
+        the same breath (:meth:`_ask_relays`): each engine starts its own right after
+        its join, with no round trip of its own.
         """
         t0 = time.perf_counter()
         if port is None:
@@ -947,8 +978,6 @@ class JaxCluster:
                 sorted(errors),
             )
         self.timings["jax_init_s"] = time.perf_counter() - t0
-        waits = [float(res.get("preload_wait_s", 0.0)) for _ok, res in outcomes]
-        self.timings["preload_wait_s"] = max(waits, default=0.0)
         self._use_relays(asked, timeout_s)
 
     def dead_processes(self) -> list[int]:
@@ -1134,6 +1163,45 @@ def clusters_dir() -> Path:
     from jupyter_core.paths import jupyter_runtime_dir
 
     return Path(jupyter_runtime_dir()) / "nbckpt" / "clusters"
+
+
+def _which_engine(key: str) -> str:
+    """An engine by its launcher's key: ``on h1`` for ssh's ``h1/0``, the number else."""
+    host = key.rpartition("/")[0]
+    return f"on {host}" if host else str(key)
+
+
+def _launcher_exited(launcher: Any) -> bool:
+    """Whether an engine's process has exited, asked of the process where it is local.
+
+    ipyparallel learns of an exit on its event loop, which runs only while one of its
+    calls does when the notebook has no loop of its own; the process itself knows.
+    """
+    if getattr(launcher, "state", "") == "after":
+        return True
+    import psutil
+
+    process = getattr(launcher, "process", None)
+    if not isinstance(process, psutil.Process):
+        return False
+    try:
+        return bool(process.status() == psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _where_stuck(output: str) -> str:
+    """Where an engine that dumped its stacks (faulthandler) stands, in one line."""
+    lines = [ln.rstrip() for ln in output.splitlines() if ln.strip()]
+    dump = next(
+        (i for i, ln in enumerate(lines) if ln.startswith(("Current thread", "Thread 0x"))),
+        len(lines),
+    )
+    logged = lines[:dump]
+    said = f'last logged "{_short(logged[-1])}"' if logged else "logged nothing"
+    current = next((i for i in range(dump, len(lines)) if lines[i].startswith("Current")), None)
+    frame = lines[current + 1].strip() if current is not None and current + 1 < len(lines) else ""
+    return f"is running but never registered; it {said}" + (f", and is at {frame}" if frame else "")
 
 
 def _called_process_error(exc: BaseException | None) -> subprocess.CalledProcessError | None:

@@ -8,6 +8,7 @@ kernel's routing table and the host's own name, without sending anything.
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
 from typing import Any
 
@@ -65,4 +66,4 @@ def host_info(toward: str) -> dict[str, Any]:
         address: str | None = route_address(toward)
     except OSError:
         address = None
-    return {"host": socket.gethostname(), "address": address}
+    return {"host": socket.gethostname(), "address": address, "pid": os.getpid()}

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from nbckpt.cluster import JaxCluster, _await_url_file
+from nbckpt.cluster import JaxCluster, _await_url_file, _where_stuck
+from nbckpt.errors import ClusterError
 
 
 def _profile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
@@ -56,3 +57,59 @@ def test_ssh_engines_get_no_copies_of_the_connection_files():
     config = cluster._ssh_config()
     engines = config.SSHEngineSetLauncher.engines
     assert engines == {"h0": {"n": 2, "to_send": []}, "h1": {"n": 1, "to_send": []}}
+
+
+# -- engines that never register, started for real from a caller without an event loop --
+# (ipyparallel hears of an exit on its loop, which runs here only during its own calls)
+
+
+def test_an_engine_that_exits_before_it_registers_is_named_with_its_last_line(monkeypatch):
+    boom = "import sys; print('starting', flush=True); sys.exit('boom: no jax here')"
+    monkeypatch.setattr("nbckpt.cluster.ENGINE_MAIN", boom)
+    cluster = JaxCluster(n=2)
+    with pytest.raises(ClusterError) as info:
+        cluster.start(timeout_s=60)
+    text = str(info.value)
+    # Told as an exit, with what the engine said last, not as a wait that ran out.
+    assert "exited before it registered: boom: no jax here" in text, text
+    assert "registered within" not in text, text
+    assert "the cluster was stopped" in text, text
+
+
+def test_an_engine_alive_but_unregistered_is_asked_where_it_is(monkeypatch):
+    # engine_main as the engines run it, but the engine itself never starts.
+    hang = (
+        "import ipyparallel.engine.app as app, time\n"
+        "def main():\n"
+        "    print('about to register', flush=True)\n"
+        "    time.sleep(600)\n"
+        "app.main = main\n"
+        "from nbckpt.cluster import engine_main; engine_main()"
+    )
+    monkeypatch.setattr("nbckpt.cluster.ENGINE_MAIN", hang)
+    cluster = JaxCluster(n=1)
+    with pytest.raises(ClusterError) as info:
+        cluster.start(timeout_s=20)
+    text = str(info.value)
+    assert "only 0 of 1 engines registered within 20 s" in text, text
+    # Its stacks, dumped on SIGUSR1, say where it stands.
+    assert 'is running but never registered; it last logged "about to register"' in text, text
+    assert 'is at File "<string>", line 4 in main' in text, text
+
+
+def test_where_a_stuck_engine_stands_reads_a_faulthandler_dump():
+    dump = (
+        "2026-11-22 [IPEngine] Registering with controller at tcp://127.0.0.1:1\n"
+        "Thread 0x00007f (most recent call first):\n"
+        '  File "/x/threading.py", line 320 in wait\n'
+        "\n"
+        "Current thread 0x00007e (most recent call first):\n"
+        '  File "/x/zmq.py", line 10 in poll\n'
+        '  File "/x/app.py", line 559 in register\n'
+    )
+    assert _where_stuck(dump) == (
+        'is running but never registered; it last logged "2026-11-22 [IPEngine] '
+        'Registering with controller at tcp://127.0.0.1:1", and is at '
+        'File "/x/zmq.py", line 10 in poll'
+    )
+    assert _where_stuck("") == "is running but never registered; it logged nothing"
