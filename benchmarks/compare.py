@@ -31,7 +31,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -44,7 +43,7 @@ REPO = HERE.parent
 sys.path[:0] = [str(HERE), str(REPO)]
 
 from _workers import LAYOUTS  # noqa: E402
-from engine_bench import drop_cache  # noqa: E402  (the one cache-dropping helper)
+from engine_bench import drop_cache, scratch_dir  # noqa: E402  (the one copy of each)
 
 from nbckpt.procgroup import ProcessGroup  # noqa: E402
 
@@ -723,7 +722,7 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
-    base = Path(tempfile.mkdtemp(prefix="nbckpt-compare-", dir=args.dir))
+    base = scratch_dir("nbckpt-compare-", args.dir)
     load0 = os.getloadavg()
     t_start = time.time()
     measured: dict[tuple[str, int], SizeResult] = {}

@@ -128,6 +128,26 @@ def _w_barriers(count: int) -> float:
 # -- parent ---------------------------------------------------------------------------
 
 
+def scratch_dir(prefix: str, where: str | None) -> Path:
+    """A fresh folder for one run's files, under ``where`` (``--dir``) or the temp folder.
+
+    Exits with one line, not a traceback, when ``where`` is not a folder this user can
+    write in: the run would fail there before it measured anything.
+    """
+    if where is not None and not Path(where).is_dir():
+        raise SystemExit(
+            f"--dir {where}: no such folder; create it first, or leave --dir out to write "
+            "under a temporary folder"
+        )
+    try:
+        return Path(tempfile.mkdtemp(prefix=prefix, dir=where))
+    except OSError as e:
+        raise SystemExit(
+            f"--dir {where or tempfile.gettempdir()}: cannot make a folder there "
+            f"({e.strerror}); pick a folder you can write in with --dir"
+        ) from None
+
+
 def drop_cache(path: Path) -> str:
     """Evict ``path``'s files from the page cache; return the method that worked."""
     try:
@@ -158,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", help="where to write (default: a temporary directory)")
     args = parser.parse_args(argv)
 
-    base = Path(tempfile.mkdtemp(prefix="nbckpt-bench-", dir=args.dir))
+    base = scratch_dir("nbckpt-bench-", args.dir)
     env = {"PYTHONPATH": os.pathsep.join([str(HERE), str(REPO)])}
     mod = Path(__file__).stem
     try:

@@ -17,7 +17,6 @@ import os
 import shutil
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -25,6 +24,7 @@ REPO = HERE.parent
 sys.path[:0] = [str(HERE), str(REPO)]
 
 from compare import ENV, fmt_size, parse_size  # noqa: E402
+from engine_bench import scratch_dir  # noqa: E402
 
 from nbckpt.procgroup import ProcessGroup  # noqa: E402
 
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--dir", help="where to write (default: a temporary directory)")
     args = parser.parse_args(argv)
-    base = Path(tempfile.mkdtemp(prefix="nbckpt-memory-", dir=args.dir))
+    base = scratch_dir("nbckpt-memory-", args.dir)
     try:
         with ProcessGroup(args.processes, env=ENV) as group:
             built = group.run("_workers:build", parse_size(args.size))

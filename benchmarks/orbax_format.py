@@ -28,7 +28,6 @@ import argparse
 import os
 import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,7 +38,7 @@ REPO = HERE.parent
 sys.path[:0] = [str(HERE), str(REPO)]
 
 from compare import fmt_size, gbps, group_of, med, parse_size, ratio, remove  # noqa: E402
-from engine_bench import drop_cache  # noqa: E402
+from engine_bench import drop_cache, scratch_dir  # noqa: E402
 
 from nbckpt.procgroup import ProcessGroup  # noqa: E402
 
@@ -185,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
-    base = Path(tempfile.mkdtemp(prefix="nbckpt-orbax-format-", dir=args.dir))
+    base = scratch_dir("nbckpt-orbax-format-", args.dir)
     t0 = time.time()
     figures = []
     try:

@@ -108,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print its figures."""
     sys.path.insert(0, str(REPO))
     sys.path.insert(0, str(HERE))
+    from engine_bench import scratch_dir
+
     from nbckpt.procgroup import ProcessGroup
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -117,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", help="where to write (default: a temporary directory)")
     args = parser.parse_args(argv)
 
-    base = Path(tempfile.mkdtemp(prefix="nbckpt-widget-bench-", dir=args.dir))
+    base = scratch_dir("nbckpt-widget-bench-", args.dir)
     env = {"PYTHONPATH": os.pathsep.join([str(HERE), str(REPO)])}
     results: dict[str, list[dict[str, float]]] = {m: [] for m in MODES}
     try:

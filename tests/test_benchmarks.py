@@ -118,3 +118,22 @@ def test_s3_quick_reports_both_systems():
         assert measure in proc.stdout
     assert "| 8 MiB | save |" in proc.stdout and "PUT" in proc.stdout
     assert "Objects left in the bucket before deleting it: 0." in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "script", ["compare", "engine_bench", "memory", "orbax_format", "widget_overhead"]
+)
+def test_a_missing_dir_is_one_line_before_any_work(tmp_path, script):
+    missing = tmp_path / "not-made"
+    run = subprocess.run(
+        [sys.executable, str(COMPARE.parent / f"{script}.py"), "--dir", str(missing)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 1, run
+    assert run.stderr.strip() == (
+        f"--dir {missing}: no such folder; create it first, or leave --dir out to write "
+        "under a temporary folder"
+    ), run.stderr
+    assert not missing.exists()
