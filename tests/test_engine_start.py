@@ -63,13 +63,17 @@ def test_ssh_engines_get_no_copies_of_the_connection_files():
 # (ipyparallel hears of an exit on its loop, which runs here only during its own calls)
 
 
+def _failed_start(monkeypatch: pytest.MonkeyPatch, code: str, n: int, timeout_s: float) -> str:
+    """Start ``n`` engines that run ``code`` in place of engine_main; the error's text."""
+    monkeypatch.setattr("nbckpt.cluster.ENGINE_MAIN", code)
+    with pytest.raises(ClusterError) as info:
+        JaxCluster(n=n).start(timeout_s=timeout_s)
+    return str(info.value)
+
+
 def test_an_engine_that_exits_before_it_registers_is_named_with_its_last_line(monkeypatch):
     boom = "import sys; print('starting', flush=True); sys.exit('boom: no jax here')"
-    monkeypatch.setattr("nbckpt.cluster.ENGINE_MAIN", boom)
-    cluster = JaxCluster(n=2)
-    with pytest.raises(ClusterError) as info:
-        cluster.start(timeout_s=60)
-    text = str(info.value)
+    text = _failed_start(monkeypatch, boom, n=2, timeout_s=60)
     # Told as an exit, with what the engine said last, not as a wait that ran out.
     assert "exited before it registered: boom: no jax here" in text, text
     assert "registered within" not in text, text
@@ -86,11 +90,7 @@ def test_an_engine_alive_but_unregistered_is_asked_where_it_is(monkeypatch):
         "app.main = main\n"
         "from nbckpt.cluster import engine_main; engine_main()"
     )
-    monkeypatch.setattr("nbckpt.cluster.ENGINE_MAIN", hang)
-    cluster = JaxCluster(n=1)
-    with pytest.raises(ClusterError) as info:
-        cluster.start(timeout_s=20)
-    text = str(info.value)
+    text = _failed_start(monkeypatch, hang, n=1, timeout_s=20)
     assert "only 0 of 1 engines registered within 20 s" in text, text
     # Its stacks, dumped on SIGUSR1, say where it stands.
     assert 'is running but never registered; it last logged "about to register"' in text, text
