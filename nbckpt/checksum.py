@@ -42,6 +42,7 @@ __all__ = [
     "checksum",
     "default_algorithm",
     "fast_crc32c",
+    "matches",
     "read_checksums",
 ]
 
@@ -151,6 +152,27 @@ def checksum(data: Any, algorithm: str) -> int:
     if algorithm == CRC32:
         return zlib.crc32(flat.data)  # zlib releases the GIL on large buffers
     raise ValueError(f"unknown checksum algorithm {algorithm!r}; known: {', '.join(ALGORITHMS)}")
+
+
+def matches(data: np.ndarray, algorithm: str, expected: int) -> bool:
+    """Tell whether a chunk read back matches the checksum recorded for it.
+
+    The chunk's bytes in C order must give ``expected``; or, for a dtype of several
+    bytes, the same bytes swapped within each element must: saves made before nbckpt
+    stored NumPy arrays in native byte order recorded the checksum of a non-native
+    (big-endian) array's own bytes while storing its values in native order. Such a
+    step's data is intact, and is read as such.
+
+    Raises
+    ------
+    ValueError, ImportError
+        As :func:`checksum`.
+    """
+    if checksum(data, algorithm) == expected:
+        return True
+    if data.dtype.itemsize > 1 and data.dtype.kind in "iufc":
+        return checksum(data.byteswap(), algorithm) == expected
+    return False
 
 
 def read_checksums(step_path: str | os.PathLike[str] | storage.Location) -> Recorded | None:

@@ -157,7 +157,7 @@ def restore_check(
 ) -> list[str]:
     ckptr = AsyncCheckpointer(root)
     t = {"params": {"w": target()["params"]["w"]}} if subset else target() if use_target else None
-    state = ckptr.restore(step, target=t)
+    state = ckptr.restore(step, target=t, partial=subset)
     if subset:
         extra = set(state) - {"params"}
         if extra or set(state["params"]) != {"w"}:

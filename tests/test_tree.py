@@ -4,7 +4,7 @@ import jax
 import numpy as np
 import pytest
 
-from nbckpt.engine.tree import flatten, leaf_name, unflatten_paths
+from nbckpt.engine.tree import EMPTY, flatten, leaf_name, unflatten_paths
 
 
 class Pair(NamedTuple):
@@ -54,3 +54,21 @@ def test_root_leaf_and_unflatten():
     )
     assert tree == {"a": ["x", "y"], "b": 3}
     assert unflatten_paths([((), 5)]) == 5
+
+
+def test_empty_nodes_are_leaves_of_their_own_kind_and_keys_are_key_data():
+    tree = {"l": [1, None, ()], "n": Pair(None, {}), "k": jax.random.key(0)}
+    leaves = {leaf.name: (leaf.kind, leaf.value) for leaf in flatten(tree) if leaf.kind == EMPTY}
+    assert leaves == {
+        "l.1": (EMPTY, "none"),
+        "l.2": (EMPTY, "list"),
+        "n.a": (EMPTY, "none"),
+        "n.b": (EMPTY, "dict"),
+    }
+    [key] = [leaf for leaf in flatten(tree) if leaf.name == "k"]
+    assert key.kind == "jax" and key.key_impl == "threefry2x32" and key.value.dtype == np.uint32
+
+
+def test_unflatten_keeps_positions_of_unnamed_sequence_entries():
+    tree = unflatten_paths([((("index", 2),), "c"), ((("index", 0),), "a")])
+    assert tree == ["a", None, "c"]

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from nbckpt.engine import AsyncCheckpointer
 from nbckpt.engine.tree import (
+    EMPTY,
     NAME_MAX,
     RESERVED_NAMES,
     flatten,
@@ -35,7 +36,6 @@ def _listing(root: Path) -> list[str]:
         # unsupported leaves, dtypes and keys: TypeError naming the leaf
         ({"opt": {"name": "adam"}}, TypeError, r"leaf \['opt'\]\['name'\] is a str"),
         ({"t": np.zeros(2, "datetime64[s]")}, TypeError, r"\['t'\] has dtype datetime64"),
-        ({"rng": jax.random.key(0)}, TypeError, r"\['rng'\] is a jax array of dtype key<fry>"),
         ({"a": {1.5: 1}}, TypeError, r"leaf \['a'\]\[1\.5\]: dict key 1\.5 is not a str or int"),
         ({"a": [{None: 1}]}, TypeError, r"leaf \['a'\]\[0\]\[None\]"),
         ({"f": lambda x: x}, TypeError, r"leaf \['f'\] is a function"),
@@ -109,7 +109,7 @@ def test_a_step_saved_with_legacy_names_still_restores_into_a_target(tmp_path):
     (step / METADATA_FILE).write_text(json.dumps(meta))
     sums = next((step / "_CHECKSUMS").glob("*.json"))
     sums.write_text(sums.read_text().replace(f'"{new}"', f'"{old}"'))
-    out = ck.restore(1, target={"é": ...})
+    out = ck.restore(1, target={"é": ..., "n": ...})
     assert np.array_equal(out["é"], np.arange(3.0))
     assert np.array_equal(ck.restore(1)["é"], np.arange(3.0))
 
@@ -142,7 +142,8 @@ def _keys_of(leaf) -> list[str]:
 @given(st.dictionaries(_keys, _trees, max_size=4) | st.lists(_trees, max_size=3))
 def test_flatten_gives_safe_unique_names_or_refuses(tree):
     try:
-        leaves = flatten(tree)
+        # Empty nodes are recorded in the metadata, never stored under their names.
+        leaves = [leaf for leaf in flatten(tree) if leaf.kind != EMPTY]
     except (TypeError, ValueError):
         return
     folded = [leaf.name.lower() for leaf in leaves]

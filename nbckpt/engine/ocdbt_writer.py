@@ -33,10 +33,11 @@ import tensorstore as ts
 
 from nbckpt import storage
 from nbckpt.engine.snapshot import Snapshot
+from nbckpt.engine.tree import path_str
 from nbckpt.engine.writer import array_leaves, write_shards
 from nbckpt.errors import NbckptError
 from nbckpt.formats.orbax_names import OCDBT_PROCESS_PREFIX
-from nbckpt.formats.orbax_write import ORBAX_ARRAYS, OrbaxFlags
+from nbckpt.formats.orbax_write import ORBAX_ARRAYS, OrbaxFlags, orbax_param_name
 from nbckpt.protocol import ORBAX_FORMAT, SaveFormat
 from nbckpt.storage import Location
 from nbckpt.storage.s3 import RETRIES
@@ -233,12 +234,15 @@ class OcdbtZarr3Arrays:
         problems = []
         for leaf in array_leaves(snap):
             name = leaf["name"]
+            # The user's tree path; the database key only where it differs.
+            where = path_str(tuple((k, v) for k, v in leaf.get("path", [])))
+            where += f" (key {name})" if orbax_param_name(leaf.get("path", [])) != name else ""
             mine = [k[len(name) + 1 :] for k in keys if k.startswith(f"{name}/")]
             chunks = sum(1 for k in mine if k == "c" or k.startswith("c/"))
             if "zarr.json" not in mine:
-                problems.append(f"{name}: no zarr.json")
+                problems.append(f"leaf {where}: no zarr.json")
             elif chunks != _chunk_count(leaf):
-                problems.append(f"{name}: {chunks} of {_chunk_count(leaf)} chunks")
+                problems.append(f"leaf {where}: {chunks} of {_chunk_count(leaf)} chunks")
         if problems:
             raise NbckptError(
                 "the merged OCDBT database lacks what the processes wrote: "

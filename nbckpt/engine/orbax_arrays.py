@@ -21,7 +21,7 @@ from typing import Any
 import tensorstore as ts
 
 from nbckpt import storage
-from nbckpt.engine.storage import context
+from nbckpt.engine.storage import context as default_context
 from nbckpt.storage import Location
 
 __all__ = ["array_spec", "open_orbax_array_async"]
@@ -50,7 +50,13 @@ def array_spec(
 
 
 def open_orbax_array_async(
-    item_dir: Location, name: str, *, ocdbt: bool, zarr3: bool, fill_missing: bool = False
+    item_dir: Location,
+    name: str,
+    *,
+    ocdbt: bool,
+    zarr3: bool,
+    fill_missing: bool = False,
+    context: ts.Context | None = None,
 ) -> ts.Future[ts.TensorStore]:
     """Start opening array ``name`` of an Orbax pytree (or OCDBT nbckpt step) for reading.
 
@@ -69,6 +75,10 @@ def open_orbax_array_async(
         What a read of a chunk that is not stored gives: the fill value, or (False) a
         ``NOT_FOUND`` error. Pass False where every chunk was stored (Orbax's
         ``store_array_data_equal_to_fill_value``): a missing chunk is damage then.
+    context
+        The tensorstore context to open it in; by default the process's own
+        (:func:`nbckpt.engine.storage.context`). An OCDBT database is cached per
+        context: pass a fresh one to see a database rewritten since the last read.
 
     Returns
     -------
@@ -76,4 +86,4 @@ def open_orbax_array_async(
         Its result is the opened store; opening reads the array's metadata only.
     """
     spec = array_spec(item_dir, name, ocdbt=ocdbt, zarr3=zarr3, fill_missing=fill_missing)
-    return ts.open(spec, open=True, read=True, context=context())
+    return ts.open(spec, open=True, read=True, context=context or default_context())

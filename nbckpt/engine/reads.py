@@ -42,10 +42,8 @@ __all__ = [
     "Box",
     "LeafRead",
     "aligned_empty",
-    "check_dtype",
-    "check_shape",
+    "check_x64",
     "read_all",
-    "target_parts",
 ]
 
 #: XLA's CPU client adopts a host buffer without copying it only if it is aligned to
@@ -81,42 +79,20 @@ def aligned_empty(shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
     return raw[offset : offset + nbytes].view(dtype).reshape(shape)
 
 
-def target_parts(t: Any) -> tuple[jax.sharding.Sharding | None, Any, Any]:
-    """Return (sharding, shape, dtype) a target leaf asks for; None where it is silent."""
-    if isinstance(t, jax.ShapeDtypeStruct):
-        if t.sharding is None:
-            raise ValueError(f"target {t} has no sharding; give ShapeDtypeStruct(sharding=...)")
-        return t.sharding, tuple(t.shape), t.dtype
-    if isinstance(t, jax.sharding.Sharding):
-        return t, None, None
-    if isinstance(t, jax.Array):
-        return t.sharding, tuple(t.shape), t.dtype
-    return None, None, None
+def check_x64(where: str, dtype: np.dtype[Any]) -> None:
+    """Refuse to make a jax array of a 64-bit dtype when jax would truncate it to 32 bits.
 
-
-def check_shape(name: str, saved: Sequence[int], shape: Sequence[int] | None) -> None:
-    """Refuse a target shape other than the saved one (None: the target names none)."""
-    if shape is not None and tuple(shape) != tuple(saved):
+    Without ``jax_enable_x64`` jax converts 64-bit values to 32 bits silently; a
+    restore must not lose them. Host values (NumPy) hold 64 bits and are never refused.
+    """
+    canonical = np.dtype(jax.dtypes.canonicalize_dtype(dtype))
+    if canonical != dtype:
         raise ValueError(
-            f"target leaf {name!r} has shape {tuple(shape)}, saved shape is {tuple(saved)}"
-        )
-
-
-def check_dtype(name: str, saved: Any, dtype: Any, cast: bool) -> None:
-    """Refuse a target dtype other than the saved one, unless ``cast`` allows it."""
-    if dtype is None or saved is None:
-        return
-    try:
-        want = np.dtype(dtype)
-    except TypeError:
-        raise ValueError(
-            f"target leaf {name!r} has dtype {dtype}, which nbckpt cannot restore"
-        ) from None
-    saved = np.dtype(saved)
-    if want != saved and not cast:
-        raise ValueError(
-            f"target leaf {name!r} asks for dtype {want}, but it was saved as {saved}; "
-            "pass cast=True to convert it, or give a target of the saved dtype"
+            f"leaf {where} was saved as {dtype}, and as a jax array it would be truncated "
+            f"to {canonical}: this process runs without jax_enable_x64; enable it "
+            "(jax.config.update('jax_enable_x64', True)) before restoring, restore the leaf "
+            f"as a host value (target ...), or pass a target of dtype {canonical} with "
+            "cast=True"
         )
 
 
@@ -173,11 +149,15 @@ class LeafRead:
         The leaf: ``name``, ``path`` (path entries), ``kind`` (``"jax"``, ``"numpy"``
         or ``"scalar"``: a value kept in the metadata), ``shape``, ``dtype``,
         ``chunks``; ``value`` and ``py_type`` for a scalar; ``python_scalar: True``
-        for a 0-d array restored as a Python number when it goes to the host.
+        for a 0-d array restored as a Python number when it goes to the host;
+        ``key_impl`` for a typed PRNG key array stored as its key data.
     sharding
         Where the leaf goes; None restores it as a host value.
     dtype
         The dtype to convert it to, or None to keep the saved one.
+
+        A leaf placed on devices whose dtype jax would truncate (64 bits without
+        ``jax_enable_x64``) is refused with ValueError (:func:`check_x64`).
     recorded
         The checksum recorded for each chunk (key -> (algorithm, value)); None when
         there are none to check, and then reads are not widened to whole chunks.
@@ -212,6 +192,8 @@ class LeafRead:
         self.where = path_str(tuple((k, v) for k, v in meta.get("path", [])))
         self.sharding = sharding
         self.dtype = None if dtype is None else np.dtype(dtype)
+        if sharding is not None and meta["kind"] != "scalar":
+            check_x64(self.where, self.dtype or np.dtype(meta["dtype"]))
         self.recorded = recorded
         self.shape = tuple(int(s) for s in meta.get("shape", ()))
         self.chunks = [int(c) for c in meta.get("chunks", [1] * len(self.shape))]
@@ -367,8 +349,9 @@ class LeafRead:
             algorithm, expected = rec
             # A zero-copy view when the chunk spans the buffer's trailing dimensions
             # (always, with the save's own sharding); a copy otherwise.
-            got = _checksum.checksum(read.buf[local], algorithm)
-            if got != expected:
+            chunk = read.buf[local]
+            if not _checksum.matches(chunk, algorithm, expected):
+                got = _checksum.checksum(chunk, algorithm)
                 raise self._damaged(
                     f"chunk {key} does not match its checksum ({algorithm} recorded "
                     f"{expected:08x}, read {got:08x})",
@@ -452,9 +435,14 @@ class LeafRead:
             return {"bool": bool, "int": int, "float": float}.get(py_type or "", lambda v: v)(value)
         if self.sharding is None:
             host = self.placed[0]
-            return host.item() if meta.get("python_scalar") else host
-        bufs = [self.placed[i] for i in range(len(self.devices))]
-        return jax.make_array_from_single_device_arrays(self.shape, self.sharding, bufs)
+            value = host.item() if meta.get("python_scalar") else host
+        else:
+            bufs = [self.placed[i] for i in range(len(self.devices))]
+            value = jax.make_array_from_single_device_arrays(self.shape, self.sharding, bufs)
+        if meta.get("key_impl"):
+            # A typed PRNG key, stored as its key data.
+            return jax.random.wrap_key_data(value, impl=meta["key_impl"])
+        return value
 
 
 def read_all(leaves: list[LeafRead], progress: Callable[[int, int], None] | None = None) -> None:

@@ -16,6 +16,7 @@ reads; Orbax records no checksums, so those reads are not checked.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -31,20 +32,15 @@ from nbckpt.engine.exchange import (
     split_sharding,
     verify_shares,
 )
-from nbckpt.engine.reads import (
-    LeafRead,
-    aligned_empty,
-    check_dtype,
-    check_shape,
-    read_all,
-    target_parts,
-)
+from nbckpt.engine.reads import LeafRead, aligned_empty, read_all
 from nbckpt.engine.sources import source_for
 from nbckpt.engine.tree import (
     PathEntry,
+    empty_value,
     leaf_name,
     legacy_leaf_name,
     path_entry,
+    path_str,
     unflatten_paths,
 )
 from nbckpt.errors import CorruptCheckpointError, NbckptError
@@ -53,7 +49,94 @@ from nbckpt.layout import CHECKSUMS_DIR, metadata_path, read_metadata, step_form
 from nbckpt.protocol import Event
 from nbckpt.storage import Location
 
-__all__ = ["aligned_empty", "default_sharding", "restore_step"]
+__all__ = [
+    "aligned_empty",
+    "check_dtype",
+    "check_sharding",
+    "check_shape",
+    "default_sharding",
+    "restore_step",
+    "target_parts",
+]
+
+
+def _is_key(dtype: Any) -> bool:
+    return jax.numpy.issubdtype(dtype, jax.dtypes.prng_key)
+
+
+def target_parts(t: Any) -> tuple[jax.sharding.Sharding | None, Any, Any]:
+    """Return (sharding, shape, dtype) a target leaf asks for; None where it is silent.
+
+    A NumPy array asks for host values of its shape and dtype. A typed PRNG key array
+    (or its ``ShapeDtypeStruct``) asks for its key data, which is what was stored.
+    """
+    if isinstance(t, jax.ShapeDtypeStruct):
+        if t.sharding is None:
+            raise ValueError(f"target {t} has no sharding; give ShapeDtypeStruct(sharding=...)")
+        if _is_key(t.dtype):
+            data = jax.eval_shape(jax.random.key_data, t)
+            return t.sharding, tuple(data.shape), data.dtype
+        return t.sharding, tuple(t.shape), t.dtype
+    if isinstance(t, jax.sharding.Sharding):
+        return t, None, None
+    if isinstance(t, jax.Array):
+        if _is_key(t.dtype):
+            t = jax.random.key_data(t)
+        return t.sharding, tuple(t.shape), t.dtype
+    if isinstance(t, np.ndarray | np.generic):
+        return None, tuple(t.shape), t.dtype
+    return None, None, None
+
+
+def check_shape(where: str, saved: Sequence[int], shape: Sequence[int] | None) -> None:
+    """Refuse a target shape other than the saved one (None: the target names none).
+
+    ``where`` names the leaf in the message (its tree path).
+    """
+    if shape is not None and tuple(shape) != tuple(saved):
+        raise ValueError(
+            f"target leaf {where} has shape {tuple(shape)}, saved shape is {tuple(saved)}"
+        )
+
+
+def check_dtype(where: str, saved: Any, dtype: Any, cast: bool) -> None:
+    """Refuse a target dtype other than the saved one, unless ``cast`` allows it."""
+    if dtype is None or saved is None:
+        return
+    try:
+        want = np.dtype(dtype)
+    except TypeError:
+        raise ValueError(
+            f"target leaf {where} has dtype {dtype}, which nbckpt cannot restore"
+        ) from None
+    saved = np.dtype(saved)
+    # Byte order is how a value is held, not what it is: a '>i4' target of an int32
+    # leaf (saved in native order) gets the same values in the order it asks for.
+    if want.newbyteorder("=") != saved.newbyteorder("=") and not cast:
+        raise ValueError(
+            f"target leaf {where} asks for dtype {want}, but it was saved as {saved}; "
+            "pass cast=True to convert it, or give a target of the saved dtype"
+        )
+
+
+def check_sharding(
+    where: str, sharding: jax.sharding.Sharding | None, shape: Sequence[int]
+) -> None:
+    """Refuse a sharding that cannot split the leaf's shape evenly, naming both."""
+    if sharding is None:
+        return
+    try:
+        sharding.shard_shape(tuple(shape))
+    except ValueError as e:
+        if isinstance(sharding, jax.sharding.NamedSharding):
+            layout = f"mesh {dict(sharding.mesh.shape)} with spec {sharding.spec}"
+        else:
+            layout = type(sharding).__name__
+        detail = " ".join(str(e).split())
+        raise ValueError(
+            f"target leaf {where} of shape {tuple(shape)} cannot be split evenly by its "
+            f"sharding ({layout}): {detail}; pick a spec whose mesh axes divide the shape"
+        ) from None
 
 
 def default_sharding(meta: dict[str, Any]) -> jax.sharding.Sharding:
@@ -78,6 +161,31 @@ def default_sharding(meta: dict[str, Any]) -> jax.sharding.Sharding:
     return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
 
 
+#: How many leaves a message lists before it says how many more there are.
+_LISTED = 8
+
+
+def _paths(leaves: list[dict[str, Any]]) -> str:
+    shown = [path_str(tuple((k, v) for k, v in m.get("path", []))) for m in leaves[:_LISTED]]
+    more = len(leaves) - len(shown)
+    return ", ".join(shown) + (f" and {more} more" if more > 0 else "") or "none"
+
+
+def _listed(meta: dict[str, Any]) -> str:
+    return _paths(list(meta["leaves"]))
+
+
+def _check_covered(meta: dict[str, Any], wanted: set[str]) -> None:
+    """Refuse a target that leaves out saved leaves: they would be dropped silently."""
+    missing = [m for m in meta["leaves"] if m["name"] not in wanted]
+    if missing:
+        raise ValueError(
+            f"the target lacks {len(missing)} saved leaf(s): {_paths(missing)}; restoring "
+            "into it would drop them: add them to the target, or pass partial=True to "
+            "restore only the target's leaves"
+        )
+
+
 def _recorded(directory: Location) -> _checksum.Recorded | None:
     try:
         return _checksum.read_checksums(directory)
@@ -96,6 +204,7 @@ def restore_step(
     verify: bool = True,
     item: str | None = None,
     job: JobReads | None = None,
+    partial: bool = False,
 ) -> Any:
     """Restore the complete step in ``directory`` (see ``AsyncCheckpointer.restore``).
 
@@ -130,6 +239,17 @@ def restore_step(
         job, not once per process (:mod:`nbckpt.engine.exchange`); its ``agree`` runs
         on every process once the reads are checked and must raise if any process
         failed. None: every process reads and checks all it holds.
+    partial
+        Allow a target that leaves out saved leaves: only the target's leaves are
+        restored. Without it such a target is refused (restoring into it would drop
+        saved state silently), naming the leaves it lacks. An nbckpt step only.
+
+    Returns
+    -------
+    The restored tree: shaped like ``target``; or, without one, nested dicts and lists
+    in which every saved leaf and empty node (``None``, empty containers, recorded in
+    the metadata's ``empty`` field) is at its saved position. Typed PRNG keys come back
+    as typed keys, NumPy arrays in native byte order.
 
     Raises
     ------
@@ -139,7 +259,10 @@ def restore_step(
         leaf, the chunk and its file under ``directory``; nothing is returned.
     ValueError
         A target leaf's shape differs from the saved one, or its dtype does and
-        ``cast`` is False; or ``item`` is given for an nbckpt step.
+        ``cast`` is False, or its sharding cannot split its shape evenly; the target
+        lacks saved leaves and ``partial`` is False; a 64-bit leaf would become a jax
+        array in a process without ``jax_enable_x64``; or ``item`` is given for an
+        nbckpt step.
     KeyError
         A target leaf is not in the step.
     """
@@ -205,19 +328,28 @@ def restore_step(
             paths.append(tuple((k, v) for k, v in m["path"]))
     else:
         flat, treedef = jax.tree_util.tree_flatten_with_path(target)
+        wanted: set[str] = set()
         for keys, t in flat:
             path = tuple(path_entry(k) for k in keys)
+            label = path_str(path)
             name = leaf_name(path)
             # Steps saved before names were UTF-8 encoded name non-ASCII keys otherwise.
             m = by_name.get(name) or by_name.get(legacy_leaf_name(path))
             if m is None:
-                have = ", ".join(sorted(by_name)) or "none"
-                raise KeyError(f"target leaf {name!r} is not in {directory}; saved leaves: {have}")
+                raise KeyError(
+                    f"target leaf {label} is not in {directory}; saved leaves: {_listed(meta)}"
+                )
+            wanted.add(m["name"])
             sharding, shape, dtype = target_parts(t)
-            check_shape(name, m.get("shape", ()), shape)
-            check_dtype(name, m.get("dtype"), dtype, cast)
+            if m["kind"] == "scalar" and sharding is None:
+                shape = dtype = None  # a Python number comes back as the number it was
+            check_shape(label, m.get("shape", ()), shape)
+            check_dtype(label, m.get("dtype"), dtype, cast)
+            check_sharding(label, sharding, m.get("shape", ()))
             read_as, shares = plan(sharding, m)
             leaves.append(LeafRead(source, m, read_as, dtype, sums(m), shares=shares, scratch=tag))
+        if not partial:
+            _check_covered(meta, wanted)
 
     def progress(done: int, total: int) -> None:
         if journal is not None:
@@ -241,7 +373,10 @@ def restore_step(
         for i, value in zip(where, moved, strict=True):
             values[i] = value
     if target is None:
-        result = unflatten_paths(list(zip(paths, values, strict=True)))
+        items = list(zip(paths, values, strict=True))
+        for e in meta.get("empty", []):
+            items.append((tuple((k, v) for k, v in e["path"]), empty_value(e["node"])))
+        result = unflatten_paths(items)
     else:
         result = jax.tree_util.tree_unflatten(treedef, values)
     if journal is not None:

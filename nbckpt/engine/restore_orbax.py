@@ -30,8 +30,14 @@ from typing import Any
 import jax
 import tensorstore as ts
 
-from nbckpt.engine.reads import LeafRead, check_dtype, check_shape, read_all, target_parts
-from nbckpt.engine.restore import default_sharding
+from nbckpt.engine.reads import LeafRead, read_all
+from nbckpt.engine.restore import (
+    check_dtype,
+    check_shape,
+    check_sharding,
+    default_sharding,
+    target_parts,
+)
 from nbckpt.engine.sources import ORBAX_UNVERIFIED, OrbaxSource
 from nbckpt.engine.tree import PathEntry, path_entry, unflatten_paths
 from nbckpt.errors import CorruptCheckpointError, NbckptError
@@ -209,8 +215,10 @@ def restore_orbax_step(
             dtype = None
         else:
             sharding, want_shape, dtype = target_parts(t)
-            check_shape(leaf.name, shape, want_shape)
-            check_dtype(leaf.name, saved, dtype, cast)
+            # Orbax's own name for the leaf: its keys joined by '.'.
+            check_shape(repr(leaf.name), shape, want_shape)
+            check_dtype(repr(leaf.name), saved, dtype, cast)
+            check_sharding(repr(leaf.name), sharding, shape)
         chunks = store.chunk_layout.read_chunk.shape
         meta = {
             "name": leaf.name,

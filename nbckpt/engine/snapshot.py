@@ -1,8 +1,13 @@
 """The blocking part of a save: decide what this process writes and keep it safe.
 
-JAX arrays are immutable, so holding a reference to each owned shard is enough; the
-device-to-host copy starts asynchronously here and finishes in the background. NumPy
-arrays can be mutated by the caller, so the process that writes them copies them.
+What a save writes must outlive the call: training goes on once ``save`` returns, and
+a jitted step that donates the saved arrays (``donate_argnums``) deletes them and
+reuses their buffers. So every shard this process writes is copied to host memory
+here: the copies of all shards are started at once (``copy_to_host_async``) and then
+awaited; on a CPU device, where the host view of an array is its device buffer, the
+shard is copied outright. NumPy arrays can be mutated by the caller, so the process
+that writes them copies them too, in native byte order (what the checksums and the
+stored dtype describe).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import jax
 import numpy as np
 
 from nbckpt.engine.storage import DEFAULT_CHUNK_BYTES, chunk_regions, chunk_shape
-from nbckpt.engine.tree import Leaf
+from nbckpt.engine.tree import EMPTY, Leaf, path_str
 from nbckpt.formats.orbax_write import scalar_array_dtype
 
 __all__ = [
@@ -45,7 +50,7 @@ class ShardWrite:
 
     leaf: str
     index: tuple[slice, ...]
-    data: Any  # a single-device jax.Array or a numpy array
+    data: Any  # a numpy array (a single-device jax.Array until the snapshot copied it)
     nbytes: int
     part: int = 0
     parts: int = 1
@@ -53,10 +58,17 @@ class ShardWrite:
 
 @dataclass
 class Snapshot:
-    """What this process saves: every leaf's metadata, and its own writes."""
+    """What this process saves: every leaf's metadata, and its own writes.
+
+    ``empty`` records the tree's empty nodes (``None``, empty containers), which have
+    no leaf: ``{"path": [[kind, key], ...], "node": "none" | "list" | "dict"}`` each,
+    written as the ``empty`` field of the step's metadata, so that a restore without
+    a target puts them, and every leaf after them, back where they were.
+    """
 
     leaves: list[dict[str, Any]] = field(default_factory=list)
     writes: list[ShardWrite] = field(default_factory=list)
+    empty: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def nbytes(self) -> int:
@@ -109,6 +121,10 @@ def take_snapshot(
     process (NumPy arrays, fully addressable jax arrays when several processes run)
     are taken to be the same everywhere and are written by the primary only.
 
+    Every shard of a jax array this process writes is copied to host memory before it
+    returns (see the module's description): the arrays may be donated or deleted as
+    soon as it has.
+
     Raises
     ------
     ValueError
@@ -116,11 +132,30 @@ def take_snapshot(
     """
     snap = Snapshot()
     for leaf in leaves:
+        if leaf.kind == EMPTY:
+            snap.empty.append({"path": [list(p) for p in leaf.path], "node": leaf.value})
+            continue
         try:
             _snapshot_leaf(snap, leaf, process, process_count, primary)
         except (ValueError, RuntimeError) as e:
-            raise type(e)(f"cannot snapshot leaf {leaf.name}: {e}") from e
+            raise type(e)(f"cannot snapshot leaf {path_str(leaf.path)}: {e}") from e
+    # Every copy to host was started above; waiting for them one by one overlaps them.
+    for w in snap.writes:
+        if isinstance(w.data, jax.Array):
+            w.data = _host_copy(w.data)
     return snap
+
+
+def _host_copy(data: jax.Array) -> np.ndarray:
+    """Return a host copy of a single-device array that no later use of it can change.
+
+    On a CPU device ``np.asarray`` is a view of the device buffer, which a donation
+    hands to the next computation: it is copied. Elsewhere it is the host copy that
+    ``copy_to_host_async`` made, which the array's deletion leaves alone.
+    """
+    if all(d.platform == "cpu" for d in data.devices()):
+        return np.array(data, copy=True)
+    return np.asarray(data)
 
 
 def _snapshot_leaf(
@@ -147,9 +182,14 @@ def _snapshot_leaf(
         return
     value = leaf.value
     dtype = np.dtype(value.dtype)
+    if not dtype.isnative:
+        # The stored array and its checksums are native; so is what a restore returns.
+        dtype = dtype.newbyteorder("=")
     shape = tuple(int(s) for s in value.shape)
     meta["shape"] = list(shape)
     meta["dtype"] = dtype.name
+    if leaf.key_impl is not None:
+        meta["key_impl"] = leaf.key_impl
     if leaf.kind == "jax":
         if value.is_deleted():
             raise ValueError(
@@ -192,7 +232,7 @@ def _snapshot_leaf(
         shard_shape = shape
         meta["sharding"] = None
         if process == primary:
-            copy = np.array(value, copy=True)
+            copy = np.array(value, dtype=dtype, copy=True)
             snap.writes.append(
                 ShardWrite(leaf.name, tuple(slice(None) for _ in shape), copy, copy.nbytes)
             )

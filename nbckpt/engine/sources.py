@@ -7,13 +7,13 @@ which checks, which devices) does not depend on how the arrays are stored.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import tensorstore as ts
 
 from nbckpt.engine.orbax_arrays import open_orbax_array_async
-from nbckpt.engine.storage import open_array_async
+from nbckpt.engine.storage import fresh_context, open_array_async
 from nbckpt.formats.orbax_write import ORBAX_ARRAYS
 from nbckpt.storage import Location
 
@@ -86,6 +86,11 @@ class OrbaxSource:
         promise to store every chunk); else a missing chunk fails the read.
     orbax
         The data was written by Orbax (its errors then say what cannot be checked).
+    context
+        The tensorstore context its arrays are opened in: a fresh one per source, so
+        that a source never sees an OCDBT database as an earlier one cached it (a step
+        re-saved with ``force=True`` in the same process has a new database, with a
+        new uuid, under the same directory).
     """
 
     directory: Location
@@ -93,11 +98,17 @@ class OrbaxSource:
     zarr3: bool
     fill_missing: bool = False
     orbax: bool = True
+    context: ts.Context = field(default_factory=fresh_context, compare=False, repr=False)
 
     def open(self, name: str) -> ts.Future[ts.TensorStore]:
         """Open array ``name`` as Orbax reads it."""
         return open_orbax_array_async(
-            self.directory, name, ocdbt=self.ocdbt, zarr3=self.zarr3, fill_missing=self.fill_missing
+            self.directory,
+            name,
+            ocdbt=self.ocdbt,
+            zarr3=self.zarr3,
+            fill_missing=self.fill_missing,
+            context=self.context,
         )
 
     def location(self, name: str, key: str | None = None) -> str:

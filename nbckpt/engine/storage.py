@@ -29,6 +29,7 @@ __all__ = [
     "create_array",
     "create_array_async",
     "dtype_supported",
+    "fresh_context",
     "open_array",
     "open_array_async",
     "open_for_write_async",
@@ -57,6 +58,17 @@ def context() -> ts.Context:
     if _context is None:
         _context = _make_context(sync=True)
     return _context
+
+
+def fresh_context() -> ts.Context:
+    """Return a new tensorstore context configured as :func:`context`, sharing nothing.
+
+    An OCDBT database's driver (its manifest, its configuration and uuid) is kept per
+    context: a reader that shares one with an earlier read of the same directory sees
+    that read's database, not one written there since (a step re-saved with
+    ``force=True``). Each restore of an OCDBT step opens its arrays in a fresh one.
+    """
+    return _make_context(sync=True)
 
 
 def _make_context(*, sync: bool) -> ts.Context:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -20,17 +21,24 @@ from nbckpt.layout import (
 )
 
 __all__ = [
+    "EMPTY",
     "NAME_MAX",
     "RESERVED_NAMES",
     "Leaf",
     "PathEntry",
     "flatten",
+    "empty_value",
     "leaf_name",
     "legacy_leaf_name",
     "path_entry",
     "path_str",
     "unflatten_paths",
 ]
+
+#: The kind of a :class:`Leaf` that stands for an empty node of the tree (``None``, an
+#: empty tuple, list, dict or NamedTuple), which jax's flatten drops: recorded so that a
+#: restore without a target puts it, and every leaf after it, back where it was.
+EMPTY = "empty"
 
 #: One step of a leaf's path: ``("key", k)`` for a mapping key, ``("index", i)`` for a
 #: sequence position, ``("attr", name)`` for an attribute of a registered node.
@@ -44,13 +52,17 @@ class Leaf:
     """One leaf of a saved tree.
 
     ``kind`` is ``"jax"`` (a ``jax.Array``), ``"numpy"`` (a NumPy array or NumPy
-    scalar) or ``"scalar"`` (a Python bool, int, float or complex).
+    scalar), ``"scalar"`` (a Python bool, int, float or complex), or :data:`EMPTY`
+    (an empty node: ``value`` is ``"none"``, ``"list"`` or ``"dict"``, what a restore
+    without a target puts there). A typed PRNG key array is a ``"jax"`` leaf whose
+    ``value`` is its key data and ``key_impl`` the name of its implementation.
     """
 
     name: str
     path: tuple[PathEntry, ...]
     kind: str
     value: Any
+    key_impl: str | None = None
 
 
 def path_entry(key: Any) -> PathEntry:
@@ -149,18 +161,26 @@ def _leaf_path(keys: tuple[Any, ...]) -> tuple[PathEntry, ...]:
     return tuple(path)
 
 
+def _plain_void(dtype: np.dtype[Any]) -> bool:
+    """Tell whether a dtype of kind ``V`` is raw bytes or a record, not an ml_dtypes number.
+
+    ``bfloat16``, ``float8_*`` and ``int4`` (ml_dtypes, what jax's own dtypes are) are of
+    kind ``V`` too, but their scalar type is their own, not ``np.void``.
+    """
+    return dtype.kind == "V" and issubclass(dtype.type, np.void)
+
+
 def _kind(value: Any, where: str) -> str:
     """Return the kind of a leaf, or raise TypeError if nbckpt cannot store it."""
     if isinstance(value, jax.Array):
         if jax.numpy.issubdtype(value.dtype, jax.dtypes.extended):
             raise TypeError(
-                f"leaf {where} is a jax array of dtype {value.dtype} (a PRNG key?); save "
-                "jax.random.key_data(key) instead and rebuild it with "
-                "jax.random.wrap_key_data"
+                f"leaf {where} is a jax array of dtype {value.dtype}, which nbckpt cannot "
+                "store; convert it to a numeric array before saving"
             )
         kind = "jax"
     elif isinstance(value, np.ndarray | np.generic):
-        if value.dtype.hasobject or value.dtype.kind in "USV":
+        if value.dtype.hasobject or value.dtype.kind in "US" or _plain_void(value.dtype):
             raise TypeError(
                 f"leaf {where} has dtype {value.dtype}; nbckpt saves numeric and bool arrays only"
             )
@@ -180,20 +200,44 @@ def _kind(value: Any, where: str) -> str:
     return kind
 
 
+def _empty_node(value: Any) -> str | None:
+    """Return what an empty node is restored as (``"none"``, ``"list"``, ``"dict"``), or None.
+
+    None when ``value`` is not an empty node: a leaf, or a node with children.
+    """
+    if value is None:
+        return "none"
+    if isinstance(value, (jax.Array, np.ndarray, np.generic, *_SCALARS)):
+        return None
+    children = jax.tree_util.tree_leaves(value, is_leaf=lambda child: child is not value)
+    if children:
+        return None
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return "dict"  # a NamedTuple: restored as a dict, like one with fields
+    return "list" if isinstance(value, list | tuple) else "dict"
+
+
+def _is_empty(value: Any) -> bool:
+    return _empty_node(value) is not None
+
+
 def flatten(tree: Any) -> list[Leaf]:
     """Flatten ``tree`` into classified, uniquely named leaves.
 
     Everything that would make the save fail later, or lose a leaf, is refused here,
-    before anything is written. Every refusal names the leaf's tree path. Keys that
-    are empty, ``.`` or ``..``, or hold ``/`` or NUL are not refused: :func:`leaf_name`
-    percent-encodes them into safe names that no other key gets.
+    before anything is written. Empty nodes (``None``, ``()``, ``[]``, ``{}``, an empty
+    NamedTuple) come back as :data:`EMPTY` leaves, so that their positions are kept.
+    A typed PRNG key array becomes a ``"jax"`` leaf of its key data. Every refusal
+    names the leaf's tree path. Keys that are empty, ``.`` or ``..``, or hold ``/`` or
+    NUL are not refused: :func:`leaf_name` percent-encodes them into safe names that no
+    other key gets.
 
     Raises
     ------
     TypeError
         If a leaf is not a ``jax.Array``, NumPy array or scalar, or a Python number,
-        or has a dtype a zarr array cannot hold (strings, objects, datetimes, PRNG
-        keys), or a dict key is not a str or int.
+        or has a dtype a zarr array cannot hold (strings, objects, datetimes), or a
+        dict key is not a str or int.
     ValueError
         If the tree cannot be flattened (a dict mixes key types), if a leaf's on-disk
         name is longer than :data:`NAME_MAX` bytes or is one the step directory uses
@@ -203,7 +247,7 @@ def flatten(tree: Any) -> list[Leaf]:
         and one leaf would silently replace the other.
     """
     try:
-        flat, _ = jax.tree_util.tree_flatten_with_path(tree)
+        flat, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=_is_empty)
     except (TypeError, ValueError) as e:
         # jax says only "Comparator raised exception while sorting pytree dictionary keys".
         raise ValueError(
@@ -212,8 +256,19 @@ def flatten(tree: Any) -> list[Leaf]:
     leaves: list[Leaf] = []
     seen: dict[str, str] = {}  # lower-cased name -> tree path of the leaf that has it
     for keys, value in flat:
+        empty = _empty_node(value)
+        if empty is not None:
+            path = _leaf_path(keys)
+            # Nothing is stored for it, so its name needs none of the checks below.
+            leaves.append(Leaf(name=leaf_name(path), path=path, kind=EMPTY, value=empty))
+            continue
         path = _leaf_path(keys)
         where = path_str(path)
+        key_impl = None
+        if isinstance(value, jax.Array) and jax.numpy.issubdtype(value.dtype, jax.dtypes.prng_key):
+            # Stored as its key data; restore wraps it again with the same implementation.
+            key_impl = str(jax.random.key_impl(value))
+            value = jax.random.key_data(value)
         kind = _kind(value, where)
         name = leaf_name(path)
         size = len(name)  # ASCII: characters are bytes
@@ -239,15 +294,34 @@ def flatten(tree: Any) -> list[Leaf]:
                 "one would replace the other on a case-insensitive filesystem; rename one"
             )
         seen[folded] = where
-        leaves.append(Leaf(name=name, path=path, kind=kind, value=value))
+        leaves.append(Leaf(name=name, path=path, kind=kind, value=value, key_impl=key_impl))
     return leaves
+
+
+#: What a restore without a target puts where an empty node was.
+_EMPTY_VALUES: dict[str, Any] = {"none": None, "list": [], "dict": {}}
+
+
+def empty_value(node: str) -> Any:
+    """Return a fresh value for an :data:`EMPTY` leaf recorded as ``node``.
+
+    Raises
+    ------
+    ValueError
+        If ``node`` is not one this version of nbckpt writes.
+    """
+    if node not in _EMPTY_VALUES:
+        raise ValueError(f"unknown empty node {node!r}; upgrade nbckpt")
+    return copy.copy(_EMPTY_VALUES[node])
 
 
 def unflatten_paths(items: list[tuple[tuple[PathEntry, ...], Any]]) -> Any:
     """Rebuild nested dicts and lists from ``(path, value)`` pairs.
 
     Used when restoring without a target: mappings and attributes become dicts,
-    sequences become lists.
+    sequences become lists. A position of a sequence that no pair names is ``None``
+    (an empty node of a step saved before empty nodes were recorded): every value
+    stays at its index.
     """
     if len(items) == 1 and not items[0][0]:
         return items[0][1]
@@ -266,7 +340,8 @@ def unflatten_paths(items: list[tuple[tuple[PathEntry, ...], Any]]) -> Any:
         if not isinstance(node, dict) or id(node) not in kinds:
             return node
         if kinds[id(node)] == "index":
-            return [finish(node[k]) for k in sorted(node)]
+            size = max(int(k) for k in node) + 1
+            return [finish(node[k]) if k in node else None for k in range(size)]
         return {k: finish(v) for k, v in node.items()}
 
     return finish(root)

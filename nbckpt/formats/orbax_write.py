@@ -68,6 +68,8 @@ ORBAX_ARRAYS: Final = "ocdbt+zarr3"
 
 #: nbckpt leaf kind -> Orbax ``value_type`` (the name of its type handler).
 _VALUE_TYPES: Final = {"jax": "jax.Array", "numpy": "np.ndarray", "scalar": "scalar"}
+#: nbckpt's record of an empty node (``Snapshot.empty``) -> Orbax's ``value_type`` of it.
+_EMPTY_TYPES: Final = {"none": "None", "list": "List", "dict": "Dict"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -180,7 +182,11 @@ def _value_metadata(leaf: Mapping[str, Any]) -> dict[str, Any]:
     return value
 
 
-def tree_metadata(leaves: Iterable[Mapping[str, Any]], flags: OrbaxFlags) -> dict[str, Any]:
+def tree_metadata(
+    leaves: Iterable[Mapping[str, Any]],
+    flags: OrbaxFlags,
+    empty: Iterable[Mapping[str, Any]] = (),
+) -> dict[str, Any]:
     """Return the content of Orbax's ``_METADATA`` for a step of these leaves.
 
     Parameters
@@ -189,6 +195,10 @@ def tree_metadata(leaves: Iterable[Mapping[str, Any]], flags: OrbaxFlags) -> dic
         nbckpt's leaf metadata (``name``, ``path``, ``kind``, ``shape``, ``sharding``).
     flags
         The step's array format.
+    empty
+        The tree's empty nodes (``path``, ``node``: nbckpt's ``Snapshot.empty``),
+        recorded as Orbax records them (``value_type`` ``None``, ``List`` or ``Dict``,
+        nothing to deserialize), so that Orbax rebuilds them where they were.
     """
     entries = {
         keypath(_path(leaf)): {
@@ -197,6 +207,15 @@ def tree_metadata(leaves: Iterable[Mapping[str, Any]], flags: OrbaxFlags) -> dic
         }
         for leaf in leaves
     }
+    for node in empty:
+        path = _path(node)
+        entries[keypath(path)] = {
+            "key_metadata": _key_metadata(path),
+            "value_metadata": {
+                "value_type": _EMPTY_TYPES.get(str(node.get("node")), "None"),
+                "skip_deserialize": True,
+            },
+        }
     return {
         "tree_metadata": entries,
         "use_ocdbt": flags.use_ocdbt,
@@ -258,7 +277,11 @@ def sharding_records(leaves: Iterable[Mapping[str, Any]]) -> dict[str, str]:
     return out
 
 
-def orbax_records(leaves: Sequence[Mapping[str, Any]], flags: OrbaxFlags) -> dict[str, str]:
+def orbax_records(
+    leaves: Sequence[Mapping[str, Any]],
+    flags: OrbaxFlags,
+    empty: Sequence[Mapping[str, Any]] = (),
+) -> dict[str, str]:
     """Return every Orbax record of a step, as file name (in the step) -> file text.
 
     Parameters
@@ -267,6 +290,8 @@ def orbax_records(leaves: Sequence[Mapping[str, Any]], flags: OrbaxFlags) -> dic
         nbckpt's leaf metadata of the step.
     flags
         How its arrays are stored.
+    empty
+        The tree's empty nodes (see :func:`tree_metadata`).
 
     Returns
     -------
@@ -274,7 +299,7 @@ def orbax_records(leaves: Sequence[Mapping[str, Any]], flags: OrbaxFlags) -> dic
         ``{"_METADATA": ..., "_sharding": ...}`` (``_sharding`` only when some leaf
         is a ``jax.Array`` with a sharding Orbax can describe).
     """
-    records = {TREE_METADATA: json.dumps(tree_metadata(leaves, flags))}
+    records = {TREE_METADATA: json.dumps(tree_metadata(leaves, flags, empty))}
     shardings = sharding_records(leaves)
     if shardings:
         records[SHARDING] = json.dumps(shardings)
