@@ -8,6 +8,9 @@ classes needs jax, so notebook-side code can catch them without importing it::
     ├── PeerFailedError, PeerDeadError        a peer failed; died or became unreachable
     ├── CheckpointError                       a background save failed (engine side)
     ├── StepExistsError (FileExistsError), StepNotFoundError (FileNotFoundError)
+    ├── StepBusyError (FileExistsError)       another save owns the step being written
+    ├── RollbackRefusedError (ValueError)     a save older than the newest step
+    ├── DisagreementError (ValueError)        the processes of a save asked for different things
     ├── RootNotWritableError (PermissionError), ForeignEntryError (FileExistsError)
     ├── CommitRefusedError (FileExistsError)  commit-file mode cannot replace safely
     ├── CorruptCheckpointError                a chunk failed its checksum on restore
@@ -32,12 +35,15 @@ __all__ = [
     "ClusterGoneError",
     "CommitRefusedError",
     "CorruptCheckpointError",
+    "DisagreementError",
     "ForeignEntryError",
     "NbckptError",
     "PeerDeadError",
     "PeerFailedError",
+    "RollbackRefusedError",
     "RootNotWritableError",
     "SaveFailedError",
+    "StepBusyError",
     "StepExistsError",
     "StepNotFoundError",
     "StorageError",
@@ -350,10 +356,26 @@ class CorruptCheckpointError(NbckptError, ValueError):
 
 
 class ClusterError(NbckptError):
-    """Something went wrong on one or more engines; the message names the processes."""
+    """Something went wrong on one or more engines; the message names the processes.
 
-    def __init__(self, message: str, processes: list[int] | None = None) -> None:
+    Attributes
+    ----------
+    processes
+        The processes concerned.
+    causes
+        Per process, its own error text (``"StepExistsError: step already ..."``), as
+        data; empty when the error is not one per process.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        processes: list[int] | None = None,
+        *,
+        causes: Mapping[int, str] | None = None,
+    ) -> None:
         self.processes = processes or []
+        self.causes = dict(causes or {})
         super().__init__(message)
 
 
@@ -433,4 +455,61 @@ class RenameUnavailableError(NbckptError, ValueError):
             f"rename mode is not available at {url}: object stores have no atomic rename, "
             "so steps there are published by a commit object written last; leave mode "
             "unset (or pass mode='commit_file')"
+        )
+
+
+class StepBusyError(NbckptError, FileExistsError):
+    """Another job (or another save of this one) owns the step this save would write.
+
+    Attributes
+    ----------
+    path
+        The working directory the other save holds.
+    owner
+        Its owner record: ``op``, ``host``, ``pid`` and ``time`` (when it claimed it).
+    """
+
+    def __init__(self, path: str, owner: Mapping[str, object]) -> None:
+        self.path = path
+        self.owner = dict(owner)
+        since = owner.get("time")
+        when = ""
+        if isinstance(since, int | float):
+            import datetime
+
+            stamp = datetime.datetime.fromtimestamp(float(since), datetime.UTC)
+            when = f" since {stamp:%Y-%m-%d %H:%M:%S} UTC"
+        super().__init__(
+            f"{path} is being written by another save (op {owner.get('op')}, host "
+            f"{owner.get('host')}, pid {owner.get('pid')}{when}); two jobs must not save "
+            "one step to one root: wait for it to end, or if that job is dead remove its "
+            "claim with 'nbckpt fsck ROOT --clean --stale-after 0' (or "
+            "nbckpt.fsck.fsck(root, clean=True, stale_after_s=0))"
+        )
+
+
+class RollbackRefusedError(NbckptError, ValueError):
+    """A save of a step older than the newest complete step under the root."""
+
+    def __init__(self, root: str, step: int, newer: list[int]) -> None:
+        self.root = root
+        self.step = step
+        self.newer = list(newer)
+        shown = ", ".join(str(s) for s in newer[:5]) + (" ..." if len(newer) > 5 else "")
+        super().__init__(
+            f"step {step} is older than steps {shown} under {root}: retention would delete it "
+            f"and a restore would pick step {newer[-1]}; to roll back, delete the newer steps "
+            f"first (ckptr.prune_after({step}), or %ckpt_rollback {step} in a notebook), then "
+            "save; nothing was written"
+        )
+
+
+class DisagreementError(NbckptError, ValueError):
+    """The processes of a save asked for different things; nothing was written."""
+
+    def __init__(self, detail: str) -> None:
+        self.detail = detail
+        super().__init__(
+            f"the processes disagree on this save: {detail}; every process must save the "
+            "same tree with the same options; nothing was written"
         )

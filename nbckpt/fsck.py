@@ -8,8 +8,10 @@ or CRC-32 for older steps) of every chunk that the saving processes recorded in
 records parse, that every array opens, and (where the save stored every chunk,
 ``store_array_data_equal_to_fill_value``) that every chunk is there and decodes; Orbax
 records no checksums, so its data is not verified, and the report says so. ``clean``
-removes abandoned entries only; a complete or corrupt step, and anything nbckpt did
-not create (a ``foreign`` entry, Orbax's steps included), is never touched.
+removes abandoned entries only; a complete or corrupt step, a step whose journal says
+its save committed (even if its commit file is gone: it is reported as corrupt, needing
+attention), and anything nbckpt did not create (a ``foreign`` entry, Orbax's steps
+included), is never touched.
 
 A root may be local or in an object store (``s3://bucket/prefix``, see
 :mod:`nbckpt.storage`). A request the store fails raises
@@ -18,6 +20,7 @@ A root may be local or in an object store (``s3://bucket/prefix``, see
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import uuid
@@ -82,7 +85,7 @@ def verify_step(step_path: str | os.PathLike[str] | storage.Location) -> list[st
     """
     import numpy as np
 
-    from nbckpt.checksum import checksum, read_checksums
+    from nbckpt.checksum import matches, read_checksums
     from nbckpt.engine.sources import source_for
     from nbckpt.engine.writer import chunk_key, chunk_regions
 
@@ -118,7 +121,8 @@ def verify_step(step_path: str | os.PathLike[str] | storage.Location) -> list[st
             )
             continue
         recorded = sums.get(name, {})
-        if not recorded:
+        # A leaf without elements has no chunks, so no checksums either.
+        if not recorded and math.prod(leaf["shape"]) > 0:
             problems.append(f"{name}: no checksums recorded")
             continue
         whole = tuple(slice(0, d) for d in leaf["shape"])
@@ -139,7 +143,7 @@ def verify_step(step_path: str | os.PathLike[str] | storage.Location) -> list[st
                 continue
             algorithm, expected = recorded[key]
             try:
-                if checksum(data, algorithm) != expected:
+                if not matches(data, algorithm, expected):
                     problems.append(f"{name}: chunk {key} does not match its checksum")
             except ImportError as e:
                 return [*problems, f"cannot verify: {e}"]

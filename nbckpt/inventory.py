@@ -9,7 +9,9 @@ only adds what a person wants to know about everything else under the root:
     leaf it lists has its zarr array (a ``.zarray`` file) on disk.
 ``corrupt``
     Named like a complete step (a ``<step>`` directory with the commit file, or with
-    rename-mode metadata) but its metadata is unreadable or an array is missing.
+    rename-mode metadata) but its metadata is unreadable or an array is missing; or an
+    uncommitted-looking entry whose save's journal says it committed (its commit file
+    was removed, its records edited): it needs attention and is never cleaned.
 ``in_progress``
     A temporary entry (``<step>.nbckpt-tmp``, or a commit-file-mode ``<step>``
     directory without its commit file) whose save is still running according to the
@@ -39,7 +41,6 @@ keys without sizes or times, so there an entry's ``bytes`` is None (unknown) and
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -48,11 +49,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from nbckpt import storage
-from nbckpt.errors import StorageError
 from nbckpt.formats import orbax as _orbax
 from nbckpt.formats.orbax_names import OCDBT_MANIFEST
 from nbckpt.formats.orbax_write import ORBAX_ARRAYS
-from nbckpt.journal import OperationRecord, list_operations, read_operation
+from nbckpt.journal import OperationRecord
 from nbckpt.layout import (
     COMMIT_FILE,
     DELETING_SUFFIX,
@@ -60,12 +60,14 @@ from nbckpt.layout import (
     TMP_SUFFIX,
     StepFormat,
     entry_state,
-    ops_dir,
+    is_complete,
     parse_step,
     read_metadata,
+    read_owner,
     step_format,
 )
-from nbckpt.protocol import COMMIT_FILE_MODE, RENAME, Event, Kind, Status
+from nbckpt.protocol import COMMIT_FILE_MODE, RENAME, Event, Status
+from nbckpt.saveops import SaveOps, find_save_op, journal_committed, own_op
 
 __all__ = [
     "STALE_AFTER_S",
@@ -75,6 +77,7 @@ __all__ = [
     "classify",
     "existing_root",
     "find_save_op",
+    "journal_committed",
     "list_steps",
 ]
 
@@ -169,7 +172,7 @@ def classify(
     names = _subdir_names(where)
     if names is None:
         return []
-    ops = _SaveOps(where)
+    ops = SaveOps(where)
     entries = []
     for name in names:
         entry = _classify_one(where, name, ops, now, stale_after_s)
@@ -236,74 +239,8 @@ def list_steps(root: str | os.PathLike[str] | storage.Location) -> list[dict[str
     ]
 
 
-def find_save_op(root: str | os.PathLike[str] | storage.Location, step: int) -> str | None:
-    """Return the id of the newest journaled save of ``step`` under ``root``, if any."""
-    return _SaveOps(storage.location(root)).newest(step)
-
-
-class _SaveOps:
-    """Lazily index the root's journal: which save operations touched which step."""
-
-    def __init__(self, root: storage.Location) -> None:
-        self.root = root
-        self._by_step: dict[int, list[str]] | None = None
-        self._records: dict[str, OperationRecord] = {}
-
-    def newest(self, step: int) -> str | None:
-        if self._by_step is None:
-            self._by_step = {}
-            for op in list_operations(self.root):
-                # Like entries, operation folders that are symlinks are not followed.
-                if (ops_dir(self.root) / op).is_symlink():
-                    continue
-                header = _op_header(self.root, op)
-                if header is not None and header[0] == Kind.SAVE:
-                    self._by_step.setdefault(header[1], []).append(op)
-        found = self._by_step.get(step)
-        return found[-1] if found else None
-
-    def exists(self, op: str) -> bool:
-        return (ops_dir(self.root) / op).is_dir()
-
-    def record(self, op: str) -> OperationRecord:
-        if op not in self._records:
-            self._records[op] = read_operation(self.root, op)
-        return self._records[op]
-
-
-def _op_header(root: storage.Location, op: str) -> tuple[str, int] | None:
-    """Return (kind, step) from the first readable event of an operation, cheaply.
-
-    A failure of the store (:class:`~nbckpt.errors.StorageError`) is raised.
-    """
-    files: list[storage.Location] = sorted(
-        (ops_dir(root) / op).glob("process_*.jsonl"), key=lambda f: f.name
-    )
-    for path in files:
-        try:
-            line = _first_line(path)
-        except StorageError:
-            raise
-        except (OSError, UnicodeDecodeError):
-            continue
-        try:
-            ev = json.loads(line)
-            return str(ev["kind"]), int(ev["step"])
-        except (ValueError, KeyError, TypeError):
-            continue
-    return None
-
-
-def _first_line(path: storage.Location) -> str:
-    """The first line of a text file (an object is read whole: there is no partial read)."""
-    if isinstance(path, Path):
-        with open(path, encoding="utf-8") as f:
-            return f.readline()
-    return path.read_bytes().split(b"\n", 1)[0].decode("utf-8")
-
-
 def _classify_one(
-    root: storage.Location, name: str, ops: _SaveOps, now: float, stale_after_s: float
+    root: storage.Location, name: str, ops: SaveOps, now: float, stale_after_s: float
 ) -> Entry | None:
     path = root / name
     for suffix, is_deleting in ((TMP_SUFFIX, False), (DELETING_SUFFIX, True)):
@@ -374,16 +311,38 @@ def _orbax_entry(path: storage.Location, step: int) -> Entry:
 
 
 def _temporary(
-    path: storage.Location, step: int, mode: str, ops: _SaveOps, now: float, stale_after_s: float
+    path: storage.Location, step: int, mode: str, ops: SaveOps, now: float, stale_after_s: float
 ) -> Entry:
     """Classify an entry a save writes into before it commits."""
-    op = ops.newest(step)
+    owner = read_owner(path) or {}
+    claimed, since = owner.get("op"), owner.get("time")
+    if isinstance(claimed, str) and isinstance(since, int | float) and not ops.exists(claimed):
+        # Claimed in a save's preflight, whose journal starts a moment later.
+        if now - since <= stale_after_s:
+            return _entry(path, step, "in_progress", "claimed", claimed, mode=mode, format="nbckpt")
+        reason = f"claimed {now - since:.0f} s ago by a save that journaled nothing"
+        return _entry(path, step, "abandoned", reason, claimed, mode=mode, format="nbckpt")
+    op = own_op(path, step, ops)
     if op is None:
         return _entry(
             path, step, "abandoned", "no journal for this save", None, mode=mode, format="nbckpt"
         )
     rec = ops.record(op)
     count = rec.process_count
+    if journal_committed(rec) and (
+        mode == COMMIT_FILE_MODE or not is_complete(path.parent / str(step))
+    ):
+        # The journal says this save committed, yet its record of completion is gone
+        # (a commit file removed by hand, a rename that never landed): the data here
+        # may be the step's only copy.
+        missing = COMMIT_FILE if mode == COMMIT_FILE_MODE else f"step {step}"
+        reason = (
+            f"its save {op} committed according to the journal, but {missing} is "
+            "missing: needs attention (check the data, restore its record), never cleaned"
+        )
+        return _entry(
+            path, step, "corrupt", reason, op, mode=mode, process_count=count, format="nbckpt"
+        )
     if rec.status != Status.RUNNING:
         reason = f"its save {rec.status}" + _first_error(rec)
         return _entry(
@@ -416,7 +375,7 @@ def _first_error(rec: OperationRecord) -> str:
     return f" on process {process}: {error}"
 
 
-def _metadata_op(meta: dict[str, Any] | None, ops: _SaveOps) -> str | None:
+def _metadata_op(meta: dict[str, Any] | None, ops: SaveOps) -> str | None:
     op = meta.get("op") if meta else None
     return op if isinstance(op, str) and ops.exists(op) else None
 

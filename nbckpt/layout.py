@@ -3,7 +3,8 @@
 A root holds::
 
     <root>/<step>/                    a step (complete, see below)
-    <root>/<step>/_NBCKPT_OWNER       written first by the save that created the directory
+    <root>/<step>/_NBCKPT_OWNER       written first by the save that claimed the directory
+                                      (its op, host, pid, time: see nbckpt.engine.ownership)
     <root>/<step>/_NBCKPT_METADATA    nbckpt's metadata: leaves, mode, op, processes, times
     <root>/<step>/_METADATA, _sharding   Orbax's tree metadata, so Orbax can restore the step
     <root>/<step>/_CHECKSUMS/         checksum of every chunk, one file per process

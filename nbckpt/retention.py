@@ -141,18 +141,40 @@ def _finite(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def _as_number(value: object) -> float | None:
+    """``value`` as a float if it is a real number, else None.
+
+    Python ints and floats, NumPy scalars (``np.float32(0.3)``, ``np.int64(2)``) and
+    0-d arrays (a jax loss, ``jnp.mean(...)``) are numbers; booleans are not. This
+    module does not import numpy or jax: a 0-d array is told by its shape and dtype.
+    """
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    dtype = getattr(value, "dtype", None)
+    if getattr(value, "shape", None) == () and getattr(dtype, "kind", "") in ("i", "u", "f"):
+        try:
+            return float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            return None
+    return None
+
+
 def check_metrics(metrics: Mapping[str, Any] | None) -> dict[str, float]:
     """Return ``metrics`` as ``{name: float}``, or raise ValueError naming the bad entry.
 
     Names are 1 to 64 ASCII letters, digits, ``_``, ``.`` or ``-``; values are finite
-    numbers (a NaN loss cannot rank a step).
+    real numbers (a NaN loss cannot rank a step): Python ints and floats, NumPy
+    scalars, or 0-d NumPy or jax arrays (converted to float).
     """
     out: dict[str, float] = {}
     for name, value in (metrics or {}).items():
         check_name(name, "metric name")
-        if not _finite(value):
+        number = _as_number(value)
+        if number is None or not math.isfinite(number):
             raise ValueError(f"metric {name!r} must be a finite number, got {value!r}")
-        out[name] = float(value)
+        out[name] = number
     return out
 
 

@@ -111,3 +111,33 @@ def test_fsck_magic(root, capsys):
         ip.run_line_magic("ckpt_fsck", str(root / "nope"))
     with pytest.raises(UsageError, match="unrecognized"):
         ip.run_line_magic("ckpt_fsck", f"{root} --bogus")
+
+
+@pytest.mark.parametrize("how", ["commit_file_removed", "owner_removed_and_mode_edited"])
+def test_clean_never_deletes_a_step_the_journal_says_committed(tmp_path, how):
+    import json
+
+    from nbckpt.layout import COMMIT_FILE, METADATA_FILE, OWNER_FILE
+
+    mode = "commit_file" if how == "commit_file_removed" else "rename"
+    ck = AsyncCheckpointer(tmp_path)
+    ck.save(3, _state(3), mode=mode)
+    ck.wait_until_finished()
+    step = tmp_path / "3"
+    if how == "commit_file_removed":
+        (step / COMMIT_FILE).unlink()
+    else:
+        (step / OWNER_FILE).unlink()
+        meta = json.loads((step / METADATA_FILE).read_text())
+        meta["mode"] = "commit_file"
+        (step / METADATA_FILE).write_text(json.dumps(meta))
+    files = sorted(p.relative_to(step) for p in step.rglob("*"))
+    report = fsck(tmp_path, clean=True, stale_after_s=0)
+    [entry] = report.entries
+    assert entry.state == "corrupt" and "committed" in entry.reason and "attention" in entry.reason
+    assert report.removed == []
+    assert sorted(p.relative_to(step) for p in step.rglob("*")) == files
+    # A save of that step is refused too, rather than reclaiming its files.
+    with pytest.raises(Exception, match="already committed"):
+        ck.save(3, _state(4), mode="commit_file")
+    assert sorted(p.relative_to(step) for p in step.rglob("*")) == files

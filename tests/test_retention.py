@@ -192,3 +192,55 @@ def test_magic_lines():
     for bad in ("--best 2", "--metric loss", "--max-to-keep 0", "--keep-all --max-to-keep 2"):
         with pytest.raises(UsageError, match="usage: %ckpt_retention"):
             a.parse_retention_args(bad)
+
+
+def test_a_rollback_is_refused_until_the_newer_steps_are_pruned(tmp_path):
+    from nbckpt.errors import RollbackRefusedError
+
+    ckptr = AsyncCheckpointer(tmp_path, max_to_keep=3)
+    for step in range(1, 11):
+        ckptr.save(step, {"w": np.full((4,), step, np.float32)})
+        ckptr.wait_until_finished()
+    assert all_steps(tmp_path) == [8, 9, 10]
+    # Training rolled back to step 5: a save of 6 would be deleted by retention at once,
+    # and a restore would still pick the abandoned run's step 10.
+    for force in (False, True):
+        with pytest.raises(RollbackRefusedError, match=r"older than steps 8, 9, 10") as info:
+            ckptr.save(6, {"w": np.full((4,), 60, np.float32)}, force=force)
+        assert "prune_after(6)" in str(info.value) and "\n" not in str(info.value)
+    assert all_steps(tmp_path) == [8, 9, 10] and not list(tmp_path.glob("6*"))
+    assert ckptr.prune_after(5) == [8, 9, 10]
+    for step in (6, 7):
+        ckptr.save(step, {"w": np.full((4,), step * 10, np.float32)})
+        ckptr.wait_until_finished()
+    assert all_steps(tmp_path) == [6, 7]
+    assert ckptr.restore()["w"][0] == 70  # the new run's newest step, never step 10
+
+
+def test_retention_never_removes_the_step_just_committed(tmp_path):
+    from nbckpt.engine.retention import apply_retention
+
+    ckptr = AsyncCheckpointer(tmp_path)
+    for step in (1, 2, 3):
+        ckptr.save(step, {"w": np.zeros(4)})
+        ckptr.wait_until_finished()
+    assert apply_retention(tmp_path, RetentionPolicy(max_to_keep=1), keep=2) == [1]
+    assert all_steps(tmp_path) == [2, 3]
+
+
+def test_numpy_and_jax_scalar_metrics_are_numbers(tmp_path):
+    import jax.numpy as jnp
+
+    got = check_metrics(
+        {"a": np.float32(0.25), "b": np.int64(2), "c": jnp.asarray(0.5), "d": np.asarray(1.5)}
+    )
+    assert got == {"a": 0.25, "b": 2.0, "c": 0.5, "d": 1.5}
+    assert all(type(v) is float for v in got.values())
+    for bad in (np.bool_(True), np.float32("nan"), jnp.zeros(2), np.array([1.0]), "1"):
+        with pytest.raises(ValueError, match="finite number"):
+            check_metrics({"loss": bad})
+    ckptr = AsyncCheckpointer(tmp_path, best_n=1, best_metric="loss")
+    for step, loss in ((1, jnp.asarray(0.1)), (2, np.float32(0.9)), (3, np.float64(0.5))):
+        ckptr.save(step, {"w": np.zeros(4)}, metrics={"loss": loss})
+        ckptr.wait_until_finished()
+    assert all_steps(tmp_path) == [1, 3]

@@ -44,7 +44,6 @@ from nbckpt.layout import (
     seal_tree,
     step_dir,
     write_durable,
-    write_owner,
 )
 from nbckpt.protocol import (
     DECISION_KEY,
@@ -58,7 +57,7 @@ from nbckpt.protocol import (
 from nbckpt.retention import RetentionPolicy
 from nbckpt.storage import Location
 
-__all__ = ["SaveJob", "fail"]
+__all__ = ["SaveJob", "cut_off", "fail"]
 
 
 def committed_by(final: Location, op: str) -> bool:
@@ -137,6 +136,8 @@ class SaveJob:
     t_requested: float
     retention: RetentionPolicy
     metrics: dict[str, float] = field(default_factory=dict)
+    #: Whether the caller asked to replace a committed ``step`` (finalize checks again).
+    force: bool = False
     #: How the arrays are stored (``format=``): nbckpt's own layout, or Orbax's.
     arrays: ArrayFormat = field(default_factory=Zarr2Arrays)
     #: The phase it is in; with ``written_everywhere``, what a waiter that stops
@@ -160,8 +161,9 @@ class SaveJob:
         try:
             enter(Phase.PREPARE)
             if is_primary:
+                # The preflight claimed the working directory, owner record and all.
                 self.strategy.prepare(self.root, self.step)
-                write_owner(work, self.op, self.strategy.mode, self.step)
+                self._check_still_ours(work)
                 self.arrays.create(work, self.snap, me)
             enter(barrier_phase(Barrier.TMP_READY))
             self._barrier(Barrier.TMP_READY)
@@ -177,7 +179,7 @@ class SaveJob:
                 self._check_still_ours(work)
                 unsynced = self.arrays.finish(work, self.snap)
                 self._write_metadata(work, unsynced)
-                self.strategy.finalize(self.root, self.step, self.op)
+                self.strategy.finalize(self.root, self.step, self.op, force=self.force)
                 self._decide(Event.COMMITTED)
                 self.journal.emit(Event.FINALIZED)
             enter(barrier_phase(Barrier.COMMIT_COMPLETE))
@@ -185,7 +187,7 @@ class SaveJob:
             self.journal.emit(Event.COMMITTED)
             if is_primary and self.retention.limits:
                 self.phase = Phase.RETENTION
-                apply_retention(self.root, self.retention)
+                apply_retention(self.root, self.retention, keep=self.step)
         except BaseException as e:
             if is_primary:
                 self._decide(Event.FAILED)
@@ -311,6 +313,8 @@ class SaveJob:
             "time_requested": self.t_requested,
             "time_finalized": time.time(),
             "leaves": self.snap.leaves,
+            # Empty nodes (None, empty containers), so that positions are kept.
+            "empty": self.snap.empty,
             # Restore then knows that a missing _CHECKSUMS is damage, not an old step.
             "checksums": True,
             # What retention ranks steps by (RetentionPolicy.best_metric).
@@ -319,7 +323,34 @@ class SaveJob:
         if self.arrays.arrays is not None:
             meta["arrays"] = self.arrays.arrays  # how restore opens them
         # Orbax's records (_METADATA, _sharding), so that Orbax restores the step too.
-        records = orbax_records(self.snap.leaves, self.arrays.flags)
+        records = orbax_records(self.snap.leaves, self.arrays.flags, self.snap.empty)
         # Nothing reads the working directory before it is published, so the records
         # and every directory entry are made durable in one batch, not one by one.
         seal_tree(work, {**records, METADATA_FILE: json.dumps(meta, indent=1)}, unsynced)
+
+
+def cut_off(
+    job: SaveJob | None, check_service: Callable[[str], None], process: int
+) -> tuple[SaveJob, CheckpointError] | None:
+    """The save and the error to raise if this process lost the coordination service.
+
+    Every call to the service then hangs, the save's own thread's too: a waiter raises
+    this instead of waiting as long. None while the service answers (or no save runs).
+    """
+    if job is None:
+        return None
+    try:
+        check_service(job.phase.replace(":", " "))
+    except PeerDeadError as e:
+        # Only once every process has written can the primary have committed.
+        error = CheckpointError(
+            job.op,
+            job.step,
+            process,
+            job.phase,
+            reason(e, job.root),
+            unknown=job.written_everywhere,
+        )
+        error.__cause__ = e
+        return job, error
+    return None

@@ -7,7 +7,6 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,21 +14,24 @@ from nbckpt import storage
 from nbckpt.engine import health, hooks
 from nbckpt.engine import restore as _restore
 from nbckpt.engine.advice import reason as _reason
+from nbckpt.engine.agreement import save_plan
 from nbckpt.engine.array_format import format_for
-from nbckpt.engine.background import SaveJob, fail
+from nbckpt.engine.background import SaveJob, cut_off, fail
 from nbckpt.engine.commit import strategy_for
 from nbckpt.engine.exchange import JobReads
+from nbckpt.engine.options import CheckpointerOptions
+from nbckpt.engine.options import check_step as _check_step
 from nbckpt.engine.preflight import Preflight
+from nbckpt.engine.retention import prune_everywhere
 from nbckpt.engine.snapshot import take_snapshot
 from nbckpt.engine.sync import SignalingClient, Synchronizer, default_client
 from nbckpt.engine.tree import flatten
-from nbckpt.errors import CheckpointError, NbckptError, PeerDeadError
+from nbckpt.errors import CheckpointError, NbckptError
 from nbckpt.journal import JournalWriter
 from nbckpt.layout import all_steps, is_complete, step_dir
 from nbckpt.protocol import (
     DEFAULT_SAVE_TIMEOUT_S,
     READ_BARRIER,
-    RENAME,
     Cause,
     Event,
     Kind,
@@ -41,46 +43,6 @@ from nbckpt.retention import BestMode, RetentionPolicy, check_metrics, should_sa
 from nbckpt.storage import Location
 
 __all__ = ["AsyncCheckpointer", "CheckpointerOptions"]
-
-
-@dataclass(frozen=True, kw_only=True)
-class CheckpointerOptions:
-    """How an :class:`AsyncCheckpointer` commits.
-
-    Attributes
-    ----------
-    mode
-        ``"rename"``: write into ``<step>.nbckpt-tmp`` and rename it to ``<step>``.
-        ``"commit_file"``: write into ``<step>`` and mark it complete with a
-        commit-success file, for stores whose rename is not atomic. The checkpointer
-        picks rename on local file systems and commit-file on object stores
-        (``s3://``), where rename mode is refused.
-    primary
-        The process that creates directories, finalizes and applies retention.
-    timeout_s
-        Deadline of every barrier and agreement, in seconds.
-    retention
-        Which complete steps the primary keeps after each commit (see
-        :class:`~nbckpt.retention.RetentionPolicy`); the default keeps all.
-    format
-        How the arrays are stored: None or ``"nbckpt"``, nbckpt's own layout (an
-        uncompressed zarr v2 array per leaf); ``"orbax"``, Orbax's OCDBT layout (zarr
-        v3 arrays, zstd-compressed, in one OCDBT database per process, merged at the
-        end). Orbax's ``StandardCheckpointer`` restores steps of either format, and
-        nbckpt restores both.
-    """
-
-    mode: Mode = RENAME
-    primary: int = 0
-    timeout_s: float = DEFAULT_SAVE_TIMEOUT_S
-    retention: RetentionPolicy = dataclasses.field(default_factory=RetentionPolicy)
-    format: str | None = None
-
-
-def _check_step(step: object) -> int:
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise ValueError(f"step must be a non-negative int, got {step!r}")
-    return step
 
 
 class AsyncCheckpointer:
@@ -179,6 +141,19 @@ class AsyncCheckpointer:
         """Apply ``policy`` from the next commit on (a save in flight keeps the old one)."""
         self.options = dataclasses.replace(self.options, retention=policy)
 
+    def prune_after(self, step: int, *, timeout_s: float | None = None) -> list[int]:
+        """Delete every complete step newer than ``step``, and return them: a rollback.
+
+        A save older than the newest step is refused; call this first, on every
+        process. Only nbckpt's steps are removed (each crash-safely), never Orbax's.
+        """
+        self._check_open()
+        self.wait_until_finished()
+        timeout = check_timeout(timeout_s or self.options.timeout_s, "timeout_s")
+        return prune_everywhere(
+            self._sync, self.root, self.options.primary, _check_step(step), timeout
+        )
+
     def should_save(self, step: int) -> bool:
         """Tell whether ``step`` is due for a save, as Orbax's ``should_save`` does.
 
@@ -197,7 +172,7 @@ class AsyncCheckpointer:
         key: str | None = None,
         mode: Mode | None = None,
         timeout_s: float | None = None,
-        metrics: Mapping[str, float] | None = None,
+        metrics: Mapping[str, Any] | None = None,
         format: str | None = None,
     ) -> None:
         """Start saving ``tree`` as ``step``; return once the snapshot is safe.
@@ -223,12 +198,20 @@ class AsyncCheckpointer:
             :class:`CheckpointerOptions`).
         metrics
             Numbers to record with the step (``{"loss": 0.31}``), by which retention
-            keeps the best steps (``best_n``, ``best_metric``).
+            keeps the best steps (``best_n``, ``best_metric``): Python numbers, NumPy
+            scalars or 0-d NumPy or jax arrays (stored as floats).
 
         Raises
         ------
         StepExistsError
-            ``step`` is already committed and ``force`` is False.
+            ``step`` is already committed and ``force`` is False (also when another job
+            committed it while this save was writing: that step is kept).
+        StepBusyError
+            Another job's save is writing ``step`` (the message names it).
+        RollbackRefusedError
+            ``step`` is older than the newest step; :meth:`prune_after` rolls back.
+        DisagreementError
+            The processes differ in the tree or an option (the message says where).
         ForeignEntryError
             ``<root>/<step>`` holds a directory nbckpt did not create.
         CommitRefusedError
@@ -270,7 +253,7 @@ class AsyncCheckpointer:
         key: str | None = None,
         mode: Mode | None = None,
         timeout_s: float | None = None,
-        metrics: Mapping[str, float] | None = None,
+        metrics: Mapping[str, Any] | None = None,
         format: str | None = None,
     ) -> None:
         """:meth:`save` the tree that ``get_tree()`` returns.
@@ -294,8 +277,18 @@ class AsyncCheckpointer:
             leaves = flatten(get_tree())
         except Exception as e:
             local = e
+        plan = save_plan(
+            leaves,
+            format=arrays.name,
+            mode=strategy.mode,
+            force=force,
+            timeout_s=timeout,
+            primary=self.options.primary,
+            metrics=metrics,
+            retention=self.options.retention.as_dict(),
+        )
         op, _ = self._preflight.agree(
-            Kind.SAVE, step, timeout, local, strategy=strategy, force=force, key=key
+            Kind.SAVE, step, timeout, local, strategy=strategy, force=force, key=key, plan=plan
         )
         me, n = self.process_index, self.process_count
         journal = JournalWriter(self.root, op, me, Kind.SAVE, step)
@@ -310,6 +303,7 @@ class AsyncCheckpointer:
             hooks.fire(Phase.SNAPSHOT)
             snap = take_snapshot(leaves, process=me, process_count=n, primary=self.options.primary)
         except Exception as e:
+            self._preflight.release(op)  # nothing but the claim was written
             kept = is_complete(step_dir(self.root, step))
             text = fail(
                 self._sync,
@@ -339,6 +333,7 @@ class AsyncCheckpointer:
             retention=self.options.retention,
             metrics=metrics,
             arrays=arrays,
+            force=force,
         )
         self._job = job
         self._thread = threading.Thread(
@@ -366,33 +361,16 @@ class AsyncCheckpointer:
         if thread is not None:
             while thread.is_alive():
                 thread.join(self._sync.poll_s)
-                if thread.is_alive() and job is not None:
-                    self._give_up_if_cut_off(job)
+                cut = None
+                if thread.is_alive():
+                    cut = cut_off(job, self._health.check_service, self.process_index)
+                if cut is not None:
+                    # Its thread may finish once the network is back; its error is this.
+                    with self._lock:
+                        cut[0].abandoned, self._error = True, None
+                    raise cut[1]
             self._thread = None
         self.check_for_errors()
-
-    def _give_up_if_cut_off(self, job: SaveJob) -> None:
-        """Raise the save's error if this process lost the coordination service.
-
-        Every call to the service then hangs, the save's own thread's too; waiting for
-        it would hang as long.
-        """
-        try:
-            self._health.check_service(job.phase.replace(":", " "))
-        except PeerDeadError as e:
-            # Its thread may finish once the network is back; its error is this one.
-            with self._lock:
-                job.abandoned = True
-                self._error = None
-            # Only once every process has written can the primary commit.
-            raise CheckpointError(
-                job.op,
-                job.step,
-                self.process_index,
-                job.phase,
-                _reason(e, self.root),
-                unknown=job.written_everywhere,
-            ) from e
 
     def check_for_errors(self) -> None:
         """Raise the error of a failed background save, once; return otherwise."""
@@ -414,6 +392,7 @@ class AsyncCheckpointer:
         timeout_s: float | None = None,
         cast: bool = False,
         item: str | None = None,
+        partial: bool = False,
     ) -> Any:
         """Read a complete step back, each process reading only what it needs.
 
@@ -448,6 +427,9 @@ class AsyncCheckpointer:
         item
             The item of an Orbax ``CheckpointManager`` step to restore (``"params"``);
             None picks its only pytree item. nbckpt steps hold one tree: leave it None.
+        partial
+            Allow a target that leaves out saved leaves (only its leaves are restored);
+            without it such a target is refused, naming the leaves it lacks.
 
         Returns
         -------
@@ -471,7 +453,13 @@ class AsyncCheckpointer:
             ``item`` is None.
         """
         return self.restore_from(
-            lambda: target, step, key=key, timeout_s=timeout_s, cast=cast, item=item
+            lambda: target,
+            step,
+            key=key,
+            timeout_s=timeout_s,
+            cast=cast,
+            item=item,
+            partial=partial,
         )
 
     def restore_from(
@@ -483,6 +471,7 @@ class AsyncCheckpointer:
         timeout_s: float | None = None,
         cast: bool = False,
         item: str | None = None,
+        partial: bool = False,
     ) -> Any:
         """:meth:`restore` into the target that ``get_target()`` returns.
 
@@ -515,7 +504,13 @@ class AsyncCheckpointer:
         )
         try:
             result = _restore.restore_step(
-                step_dir(self.root, step), target, journal, cast=cast, item=item, job=job
+                step_dir(self.root, step),
+                target,
+                journal,
+                cast=cast,
+                item=item,
+                job=job,
+                partial=partial,
             )
         except BaseException as e:
             error = _reason(e, self.root)

@@ -16,17 +16,17 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import os
 from pathlib import Path
 from typing import Any, Protocol
 
 from nbckpt import storage
-from nbckpt.errors import RenameUnavailableError
+from nbckpt.errors import ForeignEntryError, RenameUnavailableError, StepExistsError
 from nbckpt.layout import (
     COMMIT_FILE,
     DELETING_SUFFIX,
     fsync_dir,
-    remove_aside,
     step_dir,
     tmp_dir,
     write_durable,
@@ -55,11 +55,15 @@ class CommitStrategy(Protocol):
         ...
 
     def prepare(self, root: Location, step: int) -> Location:
-        """Make the empty working directory; return it."""
+        """Return the working directory the preflight claimed (see :mod:`.ownership`)."""
         ...
 
-    def finalize(self, root: Location, step: int, op: str) -> None:
-        """Publish the working directory, whose contents are already durable."""
+    def finalize(self, root: Location, step: int, op: str, force: bool = False) -> None:
+        """Publish the working directory, whose contents are already durable.
+
+        Without ``force`` a ``<step>`` that appeared since the preflight (another job
+        committed it) is never replaced: :class:`~nbckpt.errors.StepExistsError`.
+        """
         ...
 
 
@@ -77,24 +81,55 @@ def _final_problem(final: Location, force: bool) -> dict[str, str] | None:
     return None
 
 
+def _raise_final_problem(final: Location, force: bool) -> None:
+    """Raise if ``<step>`` now holds what this save must not replace (checked at finalize)."""
+    found = _final_problem(final, force)
+    if found is None:
+        return
+    if found["kind"] == "foreign":
+        raise ForeignEntryError(found["path"])
+    raise StepExistsError(found["path"])
+
+
+_RENAME_NOREPLACE = 1
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
 
 
-def _exchange(a: Path, b: Path) -> bool:
-    """Swap two paths atomically (Linux ``renameat2(RENAME_EXCHANGE)``); False if unsupported."""
+def _renameat2(a: Path, b: Path, flags: int) -> bool:
+    """``renameat2(a, b, flags)`` (Linux); False where the system cannot do it."""
     name = ctypes.util.find_library("c")
     libc: Any = ctypes.CDLL(name, use_errno=True) if name else None
     fn = getattr(libc, "renameat2", None)
     if fn is None:
         return False
-    rc = fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
+    rc = fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), flags)
     if rc == 0:
         return True
     err = ctypes.get_errno()
+    if err == errno.EEXIST:
+        raise FileExistsError(err, os.strerror(err), str(b))
     if err in (22, 38, 95):  # EINVAL, ENOSYS, EOPNOTSUPP: the file system cannot swap
         return False
     raise OSError(err, os.strerror(err), str(a))
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically (Linux ``renameat2(RENAME_EXCHANGE)``); False if unsupported."""
+    return _renameat2(a, b, _RENAME_EXCHANGE)
+
+
+def _publish(work: Path, final: Path) -> None:
+    """Rename ``work`` to ``final``, failing if ``final`` appeared meanwhile."""
+    try:
+        if _renameat2(work, final, _RENAME_NOREPLACE):
+            return
+    except FileExistsError:
+        raise StepExistsError(str(final)) from None
+    # No renameat2: os.rename would replace an empty directory, so look first.
+    if final.exists() or final.is_symlink():
+        raise StepExistsError(str(final))
+    os.rename(work, final)
 
 
 class RenameCommit:
@@ -116,22 +151,21 @@ class RenameCommit:
         return _final_problem(step_dir(root, step), force)
 
     def prepare(self, root: Location, step: int) -> Location:
-        """Make ``<step>.nbckpt-tmp`` afresh (the suffix is nbckpt's own)."""
+        """Return ``<step>.nbckpt-tmp``, which the preflight claimed for this save."""
         work = self.work_dir(root, step)
         if not isinstance(work, Path):
             raise RenameUnavailableError(str(root))
-        if work.exists():
-            storage.remove_tree(work)  # left by an abandoned save of this step
-        work.mkdir(parents=True)
         return work
 
-    def finalize(self, root: Location, step: int, op: str) -> None:
-        """Rename the working directory to ``<step>``, swapping out an old one."""
+    def finalize(self, root: Location, step: int, op: str, force: bool = False) -> None:
+        """Rename the working directory to ``<step>``; with ``force``, swap out an old one."""
         work, final = self.work_dir(root, step), step_dir(root, step)
         if not isinstance(work, Path) or not isinstance(final, Path):
             raise RenameUnavailableError(str(root))
+        # Another job may have committed <step> since the preflight: only force replaces.
+        _raise_final_problem(final, force)
         if not final.exists():
-            os.rename(work, final)
+            _publish(work, final)
         elif _exchange(work, final):
             fsync_dir(root)
             storage.remove_tree(work)  # now the old step, no longer under a step name
@@ -169,15 +203,10 @@ class CommitFileCommit:
         return found
 
     def prepare(self, root: Location, step: int) -> Location:
-        """Make ``<step>``, removing an uncommitted attempt of nbckpt's first."""
-        work = self.work_dir(root, step)
-        if work.exists():
-            # Only an uncommitted attempt of ours gets here (see problem()).
-            remove_aside(work)
-        work.mkdir(parents=True)
-        return work
+        """Return ``<step>``, which the preflight claimed for this save."""
+        return self.work_dir(root, step)
 
-    def finalize(self, root: Location, step: int, op: str) -> None:
+    def finalize(self, root: Location, step: int, op: str, force: bool = False) -> None:
         """Write the commit-success file, durably."""
         final = step_dir(root, step)
         write_durable(final / COMMIT_FILE, f"{op}\n")

@@ -4,6 +4,13 @@ Each process posts what it found wrong (or nothing) in one gather over the key-v
 store; the primary also posts the operation id. Every process then raises the same
 error, so a bad root, an existing or foreign step, or a tree one process cannot save
 never leaves a half-started save, nor peers waiting out their deadline.
+
+A save's preflight also settles three things before anything is written: every
+process posts its plan (options and tree structure) and a mismatch fails them all
+(:mod:`nbckpt.engine.agreement`); a step older than the newest one is refused (a
+rollback goes through ``prune_after``); and the primary claims the step's working
+directory, so that another job saving the same step is refused at once
+(:mod:`nbckpt.engine.ownership`). A save that does not start gives its claim back.
 """
 
 from __future__ import annotations
@@ -13,14 +20,20 @@ import socket
 import uuid
 from typing import Any
 
+from nbckpt.engine import ownership
 from nbckpt.engine.advice import reason
+from nbckpt.engine.agreement import disagreement
 from nbckpt.engine.commit import CommitStrategy
+from nbckpt.engine.retention import records
 from nbckpt.engine.sync import Synchronizer, next_sequence
 from nbckpt.errors import (
     CommitRefusedError,
+    DisagreementError,
     ForeignEntryError,
     PeerFailedError,
+    RollbackRefusedError,
     RootNotWritableError,
+    StepBusyError,
     StepExistsError,
     StepNotFoundError,
     StorageError,
@@ -52,6 +65,10 @@ def _raise_problem(root: Location, process: int, problem: dict[str, Any]) -> Non
         raise CommitRefusedError(problem["path"])
     if kind == "store":
         raise PeerFailedError(process, f"{problem['reason']}; nothing was saved or restored")
+    if kind == "busy":
+        raise StepBusyError(problem["path"], problem.get("owner") or {})
+    if kind == "rollback":
+        raise RollbackRefusedError(str(root), problem["at"], problem["newer"])
     if kind == "missing":
         raise StepNotFoundError(str(root), problem.get("wanted"), all_steps(root))
     raise PeerFailedError(process, str(problem.get("reason", Status.FAILED)))
@@ -75,6 +92,8 @@ class Preflight:
         self.root = root
         self.primary = primary
         self._stale_keys: list[str] = []
+        #: The working directory this process (the primary) claimed in the last agreement.
+        self._claimed: Location | None = None
         #: The host name of each process, as the last agreement gathered them.
         self.hosts: dict[int, str] = {}
 
@@ -85,19 +104,20 @@ class Preflight:
         local: BaseException | None,
         strategy: CommitStrategy | None,
         force: bool,
+        op: str,
     ) -> dict[str, Any]:
         """What this process found wrong, as JSON-able data (the primary adds the step)."""
         if local is not None:
             return {"kind": "local", "reason": reason(local, self.root)}
         try:
-            return self._check(kind, step, strategy, force)
+            return self._check(kind, step, strategy, force, op)
         except StorageError as e:
             # The store failed a request: shared like any problem, so that every process
             # fails at once instead of waiting for this one.
             return {"kind": "store", "reason": str(e)}
 
     def _check(
-        self, kind: str, step: int | None, strategy: CommitStrategy | None, force: bool
+        self, kind: str, step: int | None, strategy: CommitStrategy | None, force: bool, op: str
     ) -> dict[str, Any]:
         is_primary = self.sync.process_index == self.primary
         if kind == Kind.SAVE:
@@ -109,12 +129,33 @@ class Preflight:
             except OSError as e:
                 return {"kind": "root", "reason": e.strerror or str(e)}
             if is_primary:
-                return strategy.problem(self.root, step, force) or {}
+                return self._save_problem(step, strategy, force, op)
         elif is_primary:
             found = latest_step(self.root) if step is None else step
             if found is None or not is_complete(step_dir(self.root, found)):
                 return {"kind": "missing", "wanted": step}
             return {"step": found}
+        return {}
+
+    def _save_problem(
+        self, step: int, strategy: CommitStrategy, force: bool, op: str
+    ) -> dict[str, Any]:
+        """Primary: why this save must not start; else claim its working directory."""
+        found = strategy.problem(self.root, step, force)
+        if found:
+            return found
+        newer = [r.step for r in records(self.root) if r.step > step]
+        if newer:
+            # A save below the newest step would be deleted by retention at once, and a
+            # restore of the latest would still pick the abandoned run's step. Only
+            # nbckpt's steps count: Orbax's in the same root are not this run's.
+            return {"kind": "rollback", "at": step, "newer": newer}
+        work = strategy.work_dir(self.root, step)
+        record = ownership.owner_record(op, strategy.mode, step)
+        refused = ownership.claim(self.root, step, work, record)
+        if refused:
+            return refused
+        self._claimed = work
         return {}
 
     def agree(
@@ -127,24 +168,38 @@ class Preflight:
         strategy: CommitStrategy | None = None,
         force: bool = False,
         key: str | None = None,
+        plan: dict[str, Any] | None = None,
     ) -> tuple[str, int | None]:
         """Check on every process and agree on an op id; return it and the step.
 
         For a restore of the latest step (``step`` None), the step is the primary's
         choice. ``local`` is an error this process met before the operation (its
         tree, its target): it is shared, then raised here as the caller raised it.
+        ``plan`` (a save's options and tree structure, see
+        :mod:`nbckpt.engine.agreement`) must be the same on every process.
         """
         seq = f"key-{key}" if key is not None else f"seq{next_sequence()}"
         me = self.sync.process_index
-        problem = self._problem(kind, step, local, strategy, force)
+        # The primary names the operation first: its claim on the step records it.
+        op = new_op_id(kind, step if step is not None else 0)
+        self._claimed = None
+        problem = self._problem(kind, step, local, strategy, force, op)
         # The host rides along, so that every process knows, alike, which ones share a
         # host (a restore plans its reads of replicated leaves by it).
         mine: dict[str, Any] = {"problem": problem, "host": socket.gethostname()}
+        if plan is not None and local is None:
+            mine["plan"] = plan
         if me == self.primary:
             step = problem.pop("step", step)
-            mine["op"] = new_op_id(kind, step if step is not None else 0)
+            if kind != Kind.SAVE:
+                op = new_op_id(kind, step if step is not None else 0)
+            mine["op"] = op
             mine["step"] = step
-        answers = self.sync.gather(seq, "preflight", json.dumps(mine), timeout_s=timeout_s)
+        try:
+            answers = self.sync.gather(seq, "preflight", json.dumps(mine), timeout_s=timeout_s)
+        except BaseException:
+            self.release(op)
+            raise
         # Everyone has passed the keys of earlier operations: the primary drops them.
         if me == self.primary:
             for stale in self._stale_keys:
@@ -153,11 +208,26 @@ class Preflight:
         self._stale_keys.append(seq)
         parsed = {p: json.loads(v) for p, v in sorted(answers.items())}
         self.hosts = {p: str(a["host"]) for p, a in parsed.items() if a.get("host")}
-        if local is not None:
-            raise local
-        for p, answer in parsed.items():
-            if answer.get("problem"):
-                _raise_problem(self.root, p, answer["problem"])
+        try:
+            if local is not None:
+                raise local
+            plans = {p: a["plan"] for p, a in parsed.items() if isinstance(a.get("plan"), dict)}
+            differs = disagreement(plans) if len(plans) == len(parsed) else None
+            if differs:
+                raise DisagreementError(differs)
+            for p, answer in parsed.items():
+                if answer.get("problem"):
+                    _raise_problem(self.root, p, answer["problem"])
+        except BaseException:
+            # Nothing was written but the claim: give the step back.
+            self.release(op)
+            raise
         op = str(parsed[self.primary]["op"])
         self._stale_keys.append(op)
         return op, parsed[self.primary].get("step")
+
+    def release(self, op: str) -> None:
+        """Give back the working directory this process claimed for ``op``, if it did."""
+        if self._claimed is not None:
+            ownership.release(self._claimed, op)
+            self._claimed = None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
 import time
 from collections.abc import Callable
@@ -186,45 +188,68 @@ def write_shards(
     algorithm = _checksum.default_algorithm()
     if checksums is not None:
         checksums[_checksum.ALGORITHM_KEY] = algorithm
-    for w in snap.writes:
-        store = stores.get(w.leaf)
-        if store is None:
-            store = stores[w.leaf] = openings[w.leaf].result()
-        host = np.asarray(w.data)  # for a device array, waits for its host copy
-        itemsize = host.dtype.itemsize
-        regions = chunk_regions(w.index, shapes_of[w.leaf], chunks_of[w.leaf])
-        for i, (glob, local) in enumerate(regions):
-            if i % w.parts != w.part:
-                continue  # another replica of this shard writes that chunk
-            part = host[local]
-            nbytes = math.prod(part.shape) * itemsize
-            if slowdown > 1:
-                deferred.append((store[glob], part, nbytes))
-            else:
-                fut = store[glob].write(part, can_reference_source_data_indefinitely=True)
-                pending.append((fut, nbytes))
-            if checksums is not None:
-                # Computed while tensorstore's threads write the chunk; neither CRC
-                # holds the GIL while it runs.
-                key = chunk_key(glob, chunks_of[w.leaf])
-                checksums.setdefault(w.leaf, {})[key] = _checksum.checksum(part, algorithm)
-            # Issuing (host copies, checksums) can take seconds: report what completed.
-            while counted < len(pending) and pending[counted][0].done():
-                pending[counted][0].result()
-                report.add(pending[counted][1])
-                counted += 1
-    if issued is not None:
-        issued()
-    for fut, nbytes in pending[counted:]:
-        waiter.wait(fut)
-        report.add(nbytes)
-    for target, part, nbytes in deferred:
-        t0 = time.monotonic()
-        waiter.wait(target.write(part, can_reference_source_data_indefinitely=True))
-        # Fault injection: this chunk takes ``slowdown`` times as long as it did.
-        waiter.sleep((slowdown - 1) * (time.monotonic() - t0))
-        report.add(nbytes)
+    try:
+        for w in snap.writes:
+            store = stores.get(w.leaf)
+            if store is None:
+                store = stores[w.leaf] = openings[w.leaf].result()
+            host = np.asarray(w.data)  # for a device array, waits for its host copy
+            itemsize = host.dtype.itemsize
+            regions = chunk_regions(w.index, shapes_of[w.leaf], chunks_of[w.leaf])
+            for i, (glob, local) in enumerate(regions):
+                if i % w.parts != w.part:
+                    continue  # another replica of this shard writes that chunk
+                part = host[local]
+                nbytes = math.prod(part.shape) * itemsize
+                if slowdown > 1:
+                    deferred.append((store[glob], part, nbytes))
+                else:
+                    fut = store[glob].write(part, can_reference_source_data_indefinitely=True)
+                    pending.append((fut, nbytes))
+                if checksums is not None:
+                    # Computed while tensorstore's threads write the chunk; neither CRC
+                    # holds the GIL while it runs.
+                    key = chunk_key(glob, chunks_of[w.leaf])
+                    checksums.setdefault(w.leaf, {})[key] = _checksum.checksum(part, algorithm)
+                # Issuing (host copies, checksums) can take seconds: report what completed.
+                while counted < len(pending) and pending[counted][0].done():
+                    pending[counted][0].result()
+                    report.add(pending[counted][1])
+                    counted += 1
+        if issued is not None:
+            issued()
+        for fut, nbytes in pending[counted:]:
+            waiter.wait(fut)
+            report.add(nbytes)
+        for target, part, nbytes in deferred:
+            t0 = time.monotonic()
+            waiter.wait(target.write(part, can_reference_source_data_indefinitely=True))
+            # Fault injection: this chunk takes ``slowdown`` times as long as it did.
+            waiter.sleep((slowdown - 1) * (time.monotonic() - t0))
+            report.add(nbytes)
+    except BaseException:
+        # Writes still in flight would land after this save gave up, into a directory
+        # that a retry of the step may own by then: none may outlive the failure.
+        _settle(pending)
+        raise
     return report.done
+
+
+#: How long a failed write waits for the chunk writes it had issued to settle.
+SETTLE_TIMEOUT_S = 60.0
+
+
+def _settle(pending: list[tuple[Any, int]], timeout_s: float = SETTLE_TIMEOUT_S) -> None:
+    """Wait until each write in flight has completed or failed (at most ``timeout_s``).
+
+    Not cancelled: a tensorstore write that has started goes on to the file even once
+    its future is cancelled, so only its completion shows that it will not land later.
+    """
+    deadline = time.monotonic() + timeout_s
+    for fut, _ in pending:
+        # asyncio's CancelledError is no Exception: a write cancelled elsewhere is settled.
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            fut.result(timeout=max(0.0, deadline - time.monotonic()))
 
 
 class _Waiter:

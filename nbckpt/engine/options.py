@@ -1,0 +1,52 @@
+"""The options of an :class:`~nbckpt.engine.AsyncCheckpointer`."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from nbckpt.protocol import DEFAULT_SAVE_TIMEOUT_S, RENAME, Mode
+from nbckpt.retention import RetentionPolicy
+
+__all__ = ["CheckpointerOptions", "check_step"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointerOptions:
+    """How an :class:`AsyncCheckpointer` commits.
+
+    Attributes
+    ----------
+    mode
+        ``"rename"``: write into ``<step>.nbckpt-tmp`` and rename it to ``<step>``.
+        ``"commit_file"``: write into ``<step>`` and mark it complete with a
+        commit-success file, for stores whose rename is not atomic. The checkpointer
+        picks rename on local file systems and commit-file on object stores
+        (``s3://``), where rename mode is refused.
+    primary
+        The process that creates directories, finalizes and applies retention.
+    timeout_s
+        Deadline of every barrier and agreement, in seconds.
+    retention
+        Which complete steps the primary keeps after each commit (see
+        :class:`~nbckpt.retention.RetentionPolicy`); the default keeps all.
+    format
+        How the arrays are stored: None or ``"nbckpt"``, nbckpt's own layout (an
+        uncompressed zarr v2 array per leaf); ``"orbax"``, Orbax's OCDBT layout (zarr
+        v3 arrays, zstd-compressed, in one OCDBT database per process, merged at the
+        end). Orbax's ``StandardCheckpointer`` restores steps of either format, and
+        nbckpt restores both.
+    """
+
+    mode: Mode = RENAME
+    primary: int = 0
+    timeout_s: float = DEFAULT_SAVE_TIMEOUT_S
+    retention: RetentionPolicy = dataclasses.field(default_factory=RetentionPolicy)
+    format: str | None = None
+
+
+def check_step(step: object) -> int:
+    """Return ``step`` if it is a non-negative int; raise ValueError otherwise."""
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"step must be a non-negative int, got {step!r}")
+    return step
