@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import keyword
 import math
+import os
 import shlex
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -24,6 +25,7 @@ from typing import Any, Final, TypeVar
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import ArgDecorator, argument, magic_arguments
 
+from nbckpt._magic_checks import metrics, repeated_option
 from nbckpt.cluster import LAUNCHERS
 from nbckpt.protocol import (
     DEFAULT_BARRIER_TIMEOUT_S,
@@ -35,7 +37,7 @@ from nbckpt.protocol import (
     check_name,
     check_timeout,
 )
-from nbckpt.retention import RetentionPolicy, check_metrics
+from nbckpt.retention import RetentionPolicy
 
 __all__ = [
     "BARRIER",
@@ -167,6 +169,8 @@ class MagicArgs:
     def parse(self, line: str) -> argparse.Namespace:
         """Split ``line`` (:meth:`split`) and parse it with the declared arguments."""
         tokens = self.split(line)
+        if (flag := repeated_option(self.parser, tokens)) is not None:
+            raise self.error(f"{flag} is given twice; give it once")
         try:
             return self.parser.parse_args(tokens)
         except UsageError as e:  # what argparse found wrong, without the usage line
@@ -258,17 +262,17 @@ def processes(text: str) -> list[int]:
 
 
 def directory(text: str | None, what: str = "--dir") -> str | None:
-    """Return a directory argument, refusing an empty one (it would mean the cwd)."""
+    """Return a directory argument, ``~`` expanded; refuse an empty one (the cwd)."""
     if text is not None and not text.strip():
         raise ValueError(f"{what} needs a directory, got an empty one")
-    return text
+    return None if text is None else os.path.expanduser(text)
 
 
 def operation(text: str | None) -> str | None:
-    """Return an OP argument, refusing an empty one (it would name the ops folder)."""
+    """Return an OP argument, ``~`` expanded; refuse an empty one (the ops folder)."""
     if text is not None and not text.strip():
         raise ValueError("OP needs an operation id or a journal folder, got an empty one")
-    return text
+    return None if text is None else os.path.expanduser(text)
 
 
 def variable(text: str) -> str:
@@ -423,7 +427,7 @@ def parse_cluster_args(line: str) -> ClusterArgs:
             hosts=hosts,
             controller_ip=_address(ns.controller_ip, "--controller-ip"),
             coordinator_host=_address(ns.coordinator_host, "--coordinator-host"),
-            ssh_config=ns.ssh_config,
+            ssh_config=None if ns.ssh_config is None else os.path.expanduser(ns.ssh_config),
             python=ns.python,
             profile=ns.profile,
             cluster_id=ns.cluster_id,
@@ -478,26 +482,6 @@ class SaveArgs:
     quiet: bool
     format: str = "nbckpt"
     metrics: dict[str, float] = field(default_factory=dict)
-
-
-def metrics(items: list[str] | None) -> dict[str, float]:
-    """Return ``["loss=0.31", "acc=0.9"]`` as ``{"loss": 0.31, "acc": 0.9}``, checked."""
-    out: dict[str, float] = {}
-    for item in items or []:
-        name, eq, text = item.partition("=")
-        if not eq or not name.strip():
-            raise ValueError(f"--metric takes NAME=VALUE, such as loss=0.31; got {item!r}")
-        try:
-            value = float(text) if text.isascii() else math.nan
-        except ValueError:
-            value = math.nan
-        if name in out:
-            raise ValueError(f"--metric {name} is given twice")
-        out[name] = value
-    try:
-        return check_metrics(out)
-    except ValueError as e:
-        raise ValueError(f"--metric: {e}") from None
 
 
 def parse_save_args(line: str) -> SaveArgs:
@@ -633,7 +617,7 @@ FAULT: Final = MagicArgs(
     argument("--process", metavar="P", help="the process to act on (not for list / clear)"),
     argument(
         "--at",
-        choices=list(PHASES),
+        choices=[str(p) for p in PHASES],  # values, not reprs, in errors
         metavar="PHASE",
         help=f"the phase at which the fault fires: {', '.join(PHASES)}",
     ),

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from nbckpt import reads, storage
+from nbckpt._magic_checks import plain_metrics
 from nbckpt.cluster import AGENT, ENGINE_DIED, JaxCluster, engine_errors, errors_by_process, remote
 from nbckpt.errors import ClusterGoneError, SaveFailedError, by_process, who
 from nbckpt.journal import OperationRecord, ProcessRecord, merge_events
@@ -250,6 +251,7 @@ def _failure(rec: OperationRecord, root: str) -> SaveFailedError:
         f"save of step {rec.step} ({rec.op}) failed on {by_process(causes)}{then}; "
         f"{_outcome(rec, root, list(events.values()))}",
         sorted(errors),
+        causes=errors,
     )
 
 
@@ -364,7 +366,7 @@ class CheckpointClient:
         timeout_s = check_timeout(timeout_s, "timeout_s")
         root = self.root(directory)
         storage.commit_mode(storage.location(root), mode)  # refuses rename on a bucket
-        checked = check_metrics(metrics)
+        checked = check_metrics(plain_metrics(metrics))
         self.cluster.check_alive()  # a dead engine: one clear line, before anything is sent
         acknowledged = tuple(sorted(self._acknowledged))
         # The engines' own deadline (timeout_s) bounds their blocking part; the margin
@@ -435,8 +437,11 @@ class CheckpointClient:
     ) -> list[dict[str, Any]]:
         """Restore ``step`` (None: latest) into the engines' variable ``var``.
 
-        If ``var`` already holds a tree on the engines, its jax arrays' shardings (the
-        current mesh) are the target; otherwise the saved layout is used. ``timeout_s``
+        If ``var`` already holds a tree on the engines, it is the target: its jax arrays
+        and ``jax.ShapeDtypeStruct`` leaves give each leaf's shape, dtype and sharding
+        (the current mesh), and its other leaves must keep their shape and dtype; a tree
+        that differs from the saved one is refused and ``var`` is left as it was.
+        Otherwise the saved layout is used. ``timeout_s``
         is the engines' deadline for each of their waits on one another. ``item``
         names the item of an Orbax ``CheckpointManager`` step that holds several.
 
@@ -497,6 +502,20 @@ class CheckpointClient:
         )
         return bool(answers[0])
 
+    def rollback(self, step: int, *, directory: str | os.PathLike[str] | None = None) -> list[int]:
+        """Delete the root's complete steps newer than ``step``, so training goes on from it.
+
+        A save of a step older than the newest one is refused (retention would delete
+        it, and a restore would pick the newer step); this is the way back. Only steps
+        nbckpt created are removed, each crash-safely. Returns the removed steps.
+        """
+        self.cluster.check_alive()
+        root = self.root(directory)
+        removed = self.cluster.apply(
+            f"{AGENT}:rollback", root, step, what="rollback", timeout_s=120
+        )
+        return [int(s) for s in removed[0]]
+
     def barrier(
         self,
         name: str,
@@ -541,7 +560,7 @@ class CheckpointClient:
                 root=self.directory,
                 key=key or _call_key(),
             ).get(timeout=timeout_s + 30)
-        except (ipp.error.RemoteError, ipp.error.CompositeError) as e:
+        except (ipp.error.RemoteError, ipp.error.EngineError) as e:  # CompositeError too
             raise engine_errors(e, self.cluster.ranks, f"barrier {name!r}") from None
         return BarrierReport(
             name=name,
@@ -595,7 +614,10 @@ class CheckpointClient:
             view = self.cluster.client.direct_view(
                 targets=[self.cluster.engine_ids[p] for p in alive]
             )
-            engines = list(view.apply_async(remote(f"{AGENT}:status")).get(timeout=30))
+            try:
+                engines = list(view.apply_async(remote(f"{AGENT}:status")).get(timeout=30))
+            except Exception:  # an engine died meanwhile: the health line says which
+                engines = []
         return {
             "health": health,
             "engines": engines,
@@ -629,8 +651,9 @@ def resolve_operation(
         If no directory is known, it holds no operation, or it has no ``op`` (the
         message lists the latest three).
     """
-    if op is not None and Path(op).is_dir() and Path(op).parent.name == "ops":
-        folder = Path(op).absolute()
+    folder = None if op is None else Path(op).expanduser()
+    if folder is not None and folder.is_dir() and folder.parent.name == "ops":
+        folder = folder.absolute()
         return str(folder.parents[2]), folder.name
     if directory is not None:
         root = str(storage.location(directory))

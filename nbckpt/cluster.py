@@ -239,7 +239,7 @@ def errors_by_process(what: str, errors: dict[int, str]) -> ClusterError:
     ``-1`` stands for an engine that could not be matched to a process.
     """
     procs = sorted(r for r in errors if r >= 0)
-    return ClusterError(f"{what} failed on {by_process(errors)}", procs)
+    return ClusterError(f"{what} failed on {by_process(errors)}", procs, causes=errors)
 
 
 def engine_errors(exc: BaseException, ranks: dict[int, int], what: str) -> ClusterError:

@@ -3,7 +3,9 @@
 Each magic parses and checks its line with :mod:`nbckpt._magic_args` (a bad argument
 raises ``UsageError`` with the usage line before anything runs), then calls
 :mod:`nbckpt.client`; the live views it shows are kept by
-:class:`nbckpt.widgets._registry.LiveViews`. There is no protocol logic here.
+:class:`nbckpt.widgets._registry.LiveViews`. There is no protocol logic here. nbckpt's
+errors show as one line, without a traceback (:mod:`nbckpt._magic_errors`); ``%tb``
+shows the traceback of the last one.
 """
 
 from __future__ import annotations
@@ -18,9 +20,17 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 
 from nbckpt import _magic_args as a
-from nbckpt import reads, storage
+from nbckpt import _magic_errors, reads, storage
+from nbckpt._magic_cluster import (
+    check_start_root,
+    guard_px,
+    hosts_text,
+    start_cluster,
+    status_text,
+)
+from nbckpt._magic_rollback import ROLLBACK, parse_rollback_args
 from nbckpt.client import CheckpointClient, SaveHandle, resolve_operation
-from nbckpt.cluster import JaxCluster, which_cluster
+from nbckpt.cluster import JaxCluster
 from nbckpt.errors import NbckptError, RenameUnavailableError, StorageError, StorageURLError
 from nbckpt.widgets._registry import LiveViews
 
@@ -92,7 +102,9 @@ class NbckptMagics(Magics):
         ``start`` launches N ipyparallel engines, joins them with jax.distributed
         (engine i is process i; process 0 hosts the coordination service) and makes
         ``%px`` / ``%%px`` run on all of them. ``restart`` replaces every engine (a JAX
-        process cannot rejoin a job).
+        process cannot rejoin a job). ``start`` checks ``--dir`` before it starts any
+        process, and stops what it started if it fails later. After a process died,
+        ``%px`` says which one, and that ``restart`` is the way on.
         """
         args = a.parse_cluster_args(line)
         if args.action in ("start", "attach"):
@@ -106,6 +118,7 @@ class NbckptMagics(Magics):
             print(f"cluster stopped in {seconds:.1f} s")
         elif args.action == "restart":
             self.cluster.restart()  # activates %px on the new engines, as start does
+            guard_px(self.shell, lambda: self.cluster)
             self._client().handles.clear()
             print(
                 f"{len(self.cluster.engine_ids)} fresh JAX processes ready in "
@@ -123,13 +136,24 @@ class NbckptMagics(Magics):
     def _start(self, args: a.ClusterArgs) -> None:
         if self.cluster is not None:
             raise UsageError("a cluster is running already; %ckpt_cluster stop it first")
-        cluster = _start_cluster(args)
-        self.cluster, self.client = cluster, CheckpointClient(cluster, args.directory)
-        cluster.register_root(self.client.directory)  # the lab sidebar offers this root
-        cluster.activate_px()  # %px waits for the engines and shows their output
+        # Checked before anything starts: a bad root must not leave processes behind.
+        # Attached engines may run elsewhere: their root is theirs to check.
+        root = check_start_root(args.directory, args.engines if args.action == "start" else "")
+        cluster = start_cluster(args)  # stops what it started if it fails
+        try:
+            client = CheckpointClient(cluster, root)
+            cluster.register_root(client.directory)  # the lab sidebar offers this root
+            cluster.activate_px()  # %px waits for the engines and shows their output
+        except BaseException:
+            if args.action == "start":  # never lose track of processes nbckpt started
+                cluster.stop()
+            raise
+        self.cluster, self.client = cluster, client
+        _magic_errors.install(self.shell)  # ipyparallel's RemoteError is imported now
+        guard_px(self.shell, lambda: self.cluster)
         took = f" in {cluster.timings['ready_s']:.1f} s" if "ready_s" in cluster.timings else ""
         print(
-            f"{len(cluster.engine_ids)} JAX processes ready{took} on {_hosts_text(cluster)} "
+            f"{len(cluster.engine_ids)} JAX processes ready{took} on {hosts_text(cluster)} "
             f"(cluster id {cluster.cluster_id}, coordinator {cluster.coordinator}); %px and "
             "%%px run on all of them"
             + (f"; checkpoints go to {self.client.directory}" if args.directory else "")
@@ -139,11 +163,12 @@ class NbckptMagics(Magics):
 
     @a.SAVE
     @line_magic
-    def ckpt_save(self, line: str) -> SaveHandle | None:
-        """Save VAR from every engine as a step; returns a handle at once.
+    def ckpt_save(self, line: str) -> SaveHandle:
+        """Save VAR from every engine as a step; returns its handle at once.
 
         The engines take a short snapshot and go on; the write and the commit run in
-        the background. ``--wait`` blocks until the step is committed. Unless
+        the background. ``--wait`` blocks until the step is committed, then returns the
+        handle too (``h = %ckpt_save state --step 1 --wait``). Unless
         ``--quiet``, a widget shows each process's phase, bytes written, barriers and
         commit, updated by itself from the journal (text bars without widgets).
         """
@@ -174,7 +199,7 @@ class NbckptMagics(Magics):
                 bars.close()
         took = (rec.end or 0) - (rec.start or 0)
         print(f"step {args.step} committed to {handle.root} ({took:.2f} s)")
-        return None
+        return handle
 
     @a.WAIT
     @line_magic
@@ -216,8 +241,10 @@ class NbckptMagics(Magics):
     def ckpt_restore(self, line: str) -> None:
         """Restore a step into VAR on every engine, laid out on the engines' current mesh.
 
-        If VAR already holds a tree on the engines, its arrays' shardings are the target;
-        otherwise the saved layout is used.
+        If VAR already holds a tree on the engines, it is the target: its jax arrays and
+        ``jax.ShapeDtypeStruct`` leaves give each leaf's shape, dtype and sharding, and
+        its other leaves must keep their shape and dtype. A tree that differs from the
+        saved one is refused and VAR is left as it was. Otherwise the saved layout is used.
         """
         args = a.parse_restore_args(line)
         client = self._client()
@@ -239,13 +266,14 @@ class NbckptMagics(Magics):
     def ckpt_status(self, line: str) -> None:
         """Show the cluster's processes and the saves this notebook started.
 
-        With OP or --dir, shows one operation instead, as ``%ckpt_show`` does.
+        A dead process is named, with how to go on (``%ckpt_cluster restart``). With OP
+        or --dir, shows one operation instead, as ``%ckpt_show`` does.
         """
         args = a.parse_status_args(line)
         if args is not None:
             self._show(args.op, args.directory)
             return
-        print(_status_text(self._client().status()))
+        print(status_text(self._client().status()))
 
     @a.LS
     @line_magic
@@ -306,6 +334,22 @@ class NbckptMagics(Magics):
         with _usage_errors():
             res = client.retention(args.policy, directory=args.directory)
         print(f"{res['root']}: {res['text']}")
+
+    @ROLLBACK
+    @line_magic
+    def ckpt_rollback(self, line: str) -> None:
+        """Delete every complete step newer than STEP, so that training goes on from STEP.
+
+        A save of a step older than the newest one is refused: retention would delete
+        it at once, and a restore would pick the newer, abandoned step. Restore STEP,
+        roll back, then save again. Only steps nbckpt created are removed, each one
+        crash-safely; Orbax steps and foreign folders are left alone.
+        """
+        args = parse_rollback_args(line)
+        with _usage_errors():
+            removed = self._client().rollback(args.step, directory=args.directory)
+        gone = ", ".join(str(s) for s in removed) if removed else "nothing"
+        print(f"rolled back to step {args.step}: removed {gone}")
 
     @a.FSCK
     @line_magic
@@ -384,6 +428,7 @@ class NbckptMagics(Magics):
         from nbckpt.widgets.timeline import plot_timeline, plot_timelines
 
         args = a.parse_timeline_args(line)
+        save = None if args.save is None else os.path.expanduser(args.save)
         if args.last is not None:
             root = self._root(args.directory, "ckpt_timeline")
             from nbckpt.widgets.runs import newest_ops
@@ -391,71 +436,16 @@ class NbckptMagics(Magics):
             ops = newest_ops(root, args.last)
             if not ops:
                 raise UsageError(f"no save is journaled under {root}")
-            fig = plot_timelines(root, ops, save=args.save)
+            fig = plot_timelines(root, ops, save=save)
             what = f"the last {len(ops)} saves"
         else:
             root, op = self._operation(args.op, args.directory)
-            fig = plot_timeline(root, op, save=args.save)
+            fig = plot_timeline(root, op, save=save)
             what = op
-        if args.save is not None:
-            print(f"timeline of {what} written to {os.path.abspath(args.save)}")
+        if save is not None:
+            print(f"timeline of {what} written to {os.path.abspath(save)}")
         _show_figures_as_png(self.shell)
         return fig
-
-
-def _hosts_text(cluster: JaxCluster) -> str:
-    """``h0, h1 (2), h2``: where the processes run, in process order."""
-    counts: dict[str, int] = {}
-    for host in cluster.engine_hosts:
-        counts[host] = counts.get(host, 0) + 1
-    return ", ".join(f"{h} ({c})" if c > 1 else h for h, c in counts.items()) or "no host"
-
-
-def _start_cluster(args: a.ClusterArgs) -> JaxCluster:
-    """Start a new cluster, or attach to a running one, as ``%ckpt_cluster`` asked."""
-    if args.action == "start":
-        return JaxCluster(
-            n=args.n,
-            devices_per_process=args.devices_per_process,
-            coordinator_host=args.coordinator_host,
-            engines=args.engines,
-            hosts=args.hosts,
-            controller_ip=args.controller_ip,
-            ssh_config=args.ssh_config,
-            python=args.python,
-            profile=args.profile,
-        ).start(timeout_s=args.timeout_s, report=print)
-    if args.cluster_id is None:  # never picked by default: it may be someone else's
-        raise UsageError(which_cluster(args.profile))
-    return JaxCluster.attach(
-        profile=args.profile,
-        cluster_id=args.cluster_id,
-        devices_per_process=args.devices_per_process,
-        coordinator_host=args.coordinator_host,
-        timeout_s=args.timeout_s,
-    )
-
-
-def _status_text(st: dict[str, Any]) -> str:
-    """``%ckpt_status``'s report from :meth:`CheckpointClient.status`."""
-    health = st["health"]
-    lines = [
-        f"default directory: {st['directory'] or '(none)'}",
-        "health: " + ", ".join(f"process {p} {h}" for p, h in sorted(health.items())),
-    ]
-    if health and health.get(0) == "dead":
-        lines.append(
-            "the JAX cluster is gone (process 0 hosted the coordination service): "
-            "%ckpt_cluster restart"
-        )
-    for e in st["engines"]:
-        flying = [c["last_op"] for c in e["checkpointers"] if c["in_flight"]]
-        lines.append(
-            f"process {e['process']}: host {e['host']}, pid {e['pid']}, "
-            f"{'saving ' + ', '.join(flying) if flying else 'idle'}"
-        )
-    lines += [f"step {s['step']} -> {s['root']}: {s['status']} ({s['op']})" for s in st["saves"]]
-    return "\n".join(lines)
 
 
 def get_client() -> CheckpointClient:
@@ -492,5 +482,10 @@ def _show_figures_as_png(shell: Any) -> None:
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    """Register the ``%ckpt_*`` magics (``%load_ext nbckpt``)."""
+    """Register the ``%ckpt_*`` magics (``%load_ext nbckpt``).
+
+    nbckpt's errors then show as one line, as a UsageError does; ``%tb`` prints the
+    traceback of the last one (see :mod:`nbckpt._magic_errors`).
+    """
     ipython.register_magics(NbckptMagics)
+    _magic_errors.install(ipython)

@@ -304,6 +304,7 @@ def view_state(record: OperationRecord) -> OperationView:
             views.append(view)
         else:
             views.append(_process_view(found, record.kind, entered, everyone, primary))
+    _end_with_the_service(record, views)
     writers = [v.process for v in views if v.bytes_total > 0]
     for v in views:
         found = record.processes.get(v.process)
@@ -322,6 +323,32 @@ def view_state(record: OperationRecord) -> OperationView:
         processes=views,
         name=record.name,
     )
+
+
+#: What a process still running when process 0 was reported dead shows as its error.
+SERVICE_GONE = "the JAX job ended with process 0, which hosted the coordination service"
+
+
+def _end_with_the_service(record: OperationRecord, views: list[ProcessView]) -> None:
+    """End the rows of processes that went down with process 0.
+
+    Process 0 hosts the coordination service: once others report it dead, no process
+    of the job can go on, and those that recorded nothing since (their own end
+    included) never will. Left running, their rows, and the operation, would say
+    ``running`` forever.
+    """
+    if 0 not in record.dead or record.status != Status.FAILED:
+        return
+    found = record.processes.get(0)
+    noticed = found.dead_reported_at if found is not None else None
+    for v in views:
+        if v.status != Status.RUNNING:
+            continue
+        if noticed is not None and v.last_event is not None and v.last_event > noticed:
+            continue  # it wrote after the report: it may still record its own end
+        v.status = v.phase = str(Status.FAILED)
+        v.error = SERVICE_GONE
+        v.note = "recorded nothing since process 0 was reported dead"
 
 
 def _reporters_of(record: OperationRecord, process: int) -> list[int]:

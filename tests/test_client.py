@@ -140,3 +140,35 @@ def test_barrier_processes_must_name_someone(tmp_path):
         client.barrier("b", processes=[])
     with pytest.raises(ValueError, match="no process 2"):
         client.barrier("b", processes=[0, 2])
+
+
+def test_numpy_and_jax_scalar_metrics_become_floats_before_they_are_sent():
+    import jax.numpy as jnp
+    import numpy as np
+
+    from nbckpt._magic_checks import plain_metrics as _plain_metrics
+    from nbckpt.retention import check_metrics
+
+    given = {"a": np.float32(0.5), "b": jnp.float32(1.5), "c": jnp.array(2), "d": np.int64(3)}
+    plain = _plain_metrics(given)
+    assert plain == {"a": 0.5, "b": 1.5, "c": 2.0, "d": 3.0}
+    assert all(type(v) is float for v in check_metrics(plain).values())
+    # Not a scalar: left for the check to name.
+    with pytest.raises(ValueError, match="'v' must be a finite number"):
+        check_metrics(_plain_metrics({"v": np.ones(3)}))
+
+
+def test_processes_that_went_down_with_process_0_end_their_rows():
+    """Process 1 reports process 0 dead; process 2 never writes again: no row stays running."""
+    from nbckpt.monitor import settled, view_state
+
+    head = {"kind": "save", "step": 3, "op": OP, "process_count": 3, "primary": 0}
+    started = [{**head, "t": 1.0, "event": "requested"}, {"t": 1.1, "event": "snapshot_done"}]
+    waiting = [*started, {"t": 1.3, "event": "barrier_enter", "name": "write_complete"}]
+    reported = {"t": 5.0, "event": "failed", "cause": "peer_dead", "error": "x", "dead": [0]}
+    rec = merge_events(OP, {0: started, 1: [*waiting, reported], 2: waiting})
+    view = view_state(rec)
+    rows = {p.process: p for p in view.processes}
+    assert rows[0].status == "dead" and rows[2].status == "failed"
+    assert "process 0" in (rows[2].error or "")
+    assert view.status == "failed" and settled(view)

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from IPython.core.error import UsageError
 
 from nbckpt import _magic_args as a
+from nbckpt._magic_rollback import ROLLBACK, parse_rollback_args
 from nbckpt.magics import NbckptMagics
 from nbckpt.protocol import (
     DEFAULT_BARRIER_TIMEOUT_S,
@@ -53,6 +54,7 @@ PARSERS: dict[str, Callable[[str], Any]] = {
     "ckpt_timeline": a.parse_timeline_args,
     "ckpt_retention": a.parse_retention_args,
     "ckpt_watch": a.parse_watch_args,
+    "ckpt_rollback": parse_rollback_args,
 }
 SPECS = {
     "ckpt_cluster": a.CLUSTER,
@@ -68,6 +70,7 @@ SPECS = {
     "ckpt_timeline": a.TIMELINE,
     "ckpt_retention": a.RETENTION,
     "ckpt_watch": a.WATCH,
+    "ckpt_rollback": ROLLBACK,
 }
 
 
@@ -301,6 +304,7 @@ GOOD = {
     "ckpt_timeline": "",
     "ckpt_retention": "--max-to-keep 3 --best 2 --metric loss",
     "ckpt_watch": "--last 5",
+    "ckpt_rollback": "3",
 }
 
 
@@ -694,3 +698,47 @@ def test_help_tells_the_defaults_the_code_uses():
     assert "--timeout SECONDS" in NbckptMagics.ckpt_restore.__doc__
     for phase in PHASES:
         assert phase in " ".join(NbckptMagics.ckpt_fault.__doc__.split())
+
+
+# -- a flag given twice, a metric that is not a number, a path under ~ -----------------
+
+
+@pytest.mark.parametrize(
+    ("parse", "line", "flag"),
+    [
+        (a.parse_save_args, "x --step 1 --step 2", "--step"),
+        (a.parse_save_args, "x --step=1 --step 2", "--step"),
+        (a.parse_save_args, "x --step 1 --st 2", "--step"),  # argparse's abbreviation
+        (a.parse_save_args, "x --step 1 --dir a --dir b", "--dir"),
+        (a.parse_restore_args, "x --step 1 --timeout 5 --timeout 6", "--timeout"),
+        (a.parse_cluster_args, "start -n 2 -n3", "-n"),
+    ],
+)
+def test_a_flag_given_twice_is_refused_by_name(parse, line, flag):
+    with pytest.raises(UsageError, match=rf"^{re.escape(flag)} is given twice"):
+        parse(line)
+
+
+def test_repeatable_flags_may_repeat():
+    args = a.parse_save_args("x --step 1 --metric loss=1 --metric acc=0.5")
+    assert args.metrics == {"loss": 1.0, "acc": 0.5}
+
+
+def test_a_metric_that_is_not_a_number_says_so():
+    with pytest.raises(UsageError, match=r"--metric loss: 'abc' is not a number") as info:
+        a.parse_save_args("x --step 1 --metric loss=abc")
+    assert "nan" not in str(info.value)
+
+
+def test_paths_under_home_are_expanded(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert a.parse_save_args("x --step 1 --dir ~/ck").directory == f"{tmp_path}/ck"
+    assert a.parse_cluster_args("start --dir ~/ck").directory == f"{tmp_path}/ck"
+    assert a.parse_ls_args("~/ck").directory == f"{tmp_path}/ck"
+
+
+def test_a_bad_phase_lists_the_phases_by_their_values():
+    with pytest.raises(UsageError) as info:
+        a.parse_fault_args("kill --process 1 --at bogus")
+    msg = str(info.value)
+    assert "'snapshot'" in msg and "<Phase" not in msg

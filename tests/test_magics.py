@@ -198,7 +198,7 @@ def test_ssh_hosts_with_users_and_ports_are_dialled_as_ssh_takes_them():
 
 def test_engine_errors_name_the_processes(ip, cluster):
     with pytest.raises(ClusterError, match=r"processes 0, 1: StepExistsError: step already"):
-        ip.run_line_magic("ckpt_save", "state --step 1")
+        ip.run_line_magic("ckpt_save", "state --step 2")  # the newest: older is a rollback
     with pytest.raises(ClusterError, match=r"processes 0, 1: NameError: name 'nope'"):
         ip.run_line_magic("ckpt_save", "nope --step 9")
     # Defined on process 1 only: process 0 fails, and process 1 gives up on it (told of
@@ -260,6 +260,20 @@ def test_retention_and_metrics_from_the_notebook(ip, cluster, capsys):
     assert "keep every step" in capsys.readouterr().out
     with pytest.raises(UsageError, match="usage: %ckpt_retention"):
         ip.run_line_magic("ckpt_retention", "--best 2")
+
+
+def test_an_older_step_is_refused_until_rollback_removes_the_newer(ip, cluster, capsys):
+    root = Path(cluster["root"]) / "rolled"
+    for step in (1, 2, 3):
+        ip.run_line_magic("ckpt_save", f"state --step {step} --dir {root} --wait --quiet")
+    with pytest.raises(ClusterError, match=r"RollbackRefusedError: .*%ckpt_rollback 1") as info:
+        ip.run_line_magic("ckpt_save", f"state --step 1 --dir {root} --force --wait --quiet")
+    assert "\n" not in str(info.value)
+    capsys.readouterr()
+    ip.run_line_magic("ckpt_rollback", f"1 --dir {root}")
+    assert "rolled back to step 1: removed 2, 3" in capsys.readouterr().out
+    ip.run_line_magic("ckpt_save", f"state --step 2 --dir {root} --wait --quiet")
+    assert sorted(int(p.name) for p in root.iterdir() if p.name.isdigit()) == [1, 2]
 
 
 def test_stop_then_magics_say_how_to_start(ip, cluster, capsys):

@@ -606,3 +606,38 @@ def _running(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state not in ("Z", "X")
+
+
+# -- what a user types: "", "~", and no credentials at all ---------------------------
+
+
+def test_an_empty_root_is_refused_in_one_line():
+    for text in ("", "  "):
+        with pytest.raises(ValueError, match=r"^the checkpoint root is empty") as info:
+            storage.location(text)
+        assert "\n" not in str(info.value)
+
+
+def test_a_root_under_home_is_expanded(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    assert storage.location("~/ckpt") == tmp_path / "ckpt"
+    assert not (tmp_path / "~").exists()
+
+
+def test_missing_s3_credentials_are_named_in_one_line(tmp_path, monkeypatch):
+    """A store that checks credentials, and none anywhere: say so, not "Unknown"."""
+    with S3Server(check_credentials=True) as checking:
+        env = checking.env()
+        for name in (*_STRAY_AWS, "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            monkeypatch.delenv(name, raising=False)
+            env.pop(name, None)
+        for name in ("AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.aws here
+        _point_at(monkeypatch, env)
+        with pytest.raises(StorageError) as info:
+            list(storage.location(f"s3://{_new_bucket_name()}/x").iterdir())
+    msg = str(info.value)
+    assert "no S3 credentials" in msg and "AWS_ACCESS_KEY_ID" in msg, msg
+    assert "Unknown" not in msg and "\n" not in msg

@@ -40,6 +40,7 @@ __all__ = [
     "initialize",
     "pick_port",
     "restore_var",
+    "rollback",
     "save_var",
     "set_retention",
     "should_save",
@@ -133,6 +134,15 @@ def set_retention(root: str, policy: dict[str, Any] | None) -> dict[str, Any]:
     return {"policy": current.as_dict(), "text": current.describe(), "root": str(ckptr.root)}
 
 
+def rollback(root: str, step: int, *, timeout_s: float = DEFAULT_SAVE_TIMEOUT_S) -> list[int]:
+    """Delete ``root``'s complete nbckpt steps newer than ``step``; return them.
+
+    Every process calls it (see ``AsyncCheckpointer.prune_after``); a save in flight
+    to that root finishes first.
+    """
+    return _checkpointer(root).prune_after(step, timeout_s=check_timeout(timeout_s, "timeout_s"))
+
+
 def should_save(root: str, step: int) -> bool:
     """Tell whether ``step`` is due for a save under ``root``'s policy (see the checkpointer)."""
     return _checkpointer(root).should_save(step)
@@ -152,11 +162,15 @@ def restore_var(
 ) -> dict[str, Any]:
     """Restore ``step`` (None: the latest) into ``namespace[var]``.
 
-    The value ``var`` holds now, if any, lends its jax arrays' shardings (the
-    engines' current mesh); other leaves come back as saved. Without one the saved
-    layout is used. The same checkpointer as the root's saves does the reading, so a
-    save in flight to that root finishes first; its failure is raised here unless the
-    notebook already reported it (``acknowledged``), as for the next save.
+    The value ``var`` holds now, if any, is the target: its jax arrays and
+    ``jax.ShapeDtypeStruct`` leaves give the shape, dtype and sharding (the engines'
+    current mesh) each leaf comes back with; its other leaves come back as host values
+    and must keep their shape and dtype. Without one the saved layout is used. A leaf
+    whose shape or dtype differs from the saved one is refused (unless ``cast``), and
+    ``var`` is then left as it was. The same checkpointer as the root's saves does the
+    reading, so a save in flight to that root finishes first; its failure is raised
+    here unless the notebook already reported it (``acknowledged``), as for the next
+    save.
     """
     import jax
 
@@ -166,13 +180,15 @@ def restore_var(
     def target() -> Any:
         if like is None:
             return None
-        return jax.tree.map(lambda x: x.sharding if isinstance(x, jax.Array) else ..., like)
+        return jax.tree.map(_target_leaf, like)
 
     ckptr = _checkpointer(root)
     _settle(ckptr, acknowledged)
     t0 = time.perf_counter()
     tree = ckptr.restore_from(target, step, key=key, timeout_s=timeout_s, cast=cast, item=item)
     jax.block_until_ready(tree)
+    if like is not None and not cast:
+        _check_host_leaves(var, like, tree)
     namespace[var] = tree
     parsed = parse_op_id(ckptr.last_op) if ckptr.last_op else None
     return {
@@ -181,6 +197,43 @@ def restore_var(
         "seconds": time.perf_counter() - t0,
         "step": parsed.step if parsed is not None else step,
     }
+
+
+def _target_leaf(x: Any) -> Any:
+    """What one leaf of a variable asks a restore for (see :func:`restore_var`)."""
+    import jax
+
+    if isinstance(x, jax.Array):
+        # Shape and dtype too, not only the sharding: a dtype other than the saved one
+        # must be refused, not silently replaced.
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return x
+    return ...
+
+
+def _check_host_leaves(var: str, like: Any, tree: Any) -> None:
+    """Refuse a restored host leaf whose shape or dtype differs from ``var``'s own."""
+    import jax
+    import numpy as np
+
+    from nbckpt.engine.tree import path_entry, path_str
+
+    old = jax.tree_util.tree_flatten_with_path(like)[0]
+    new = jax.tree.leaves(tree)
+    if len(old) != len(new):
+        return  # the restore already checked the structure against the target
+    for (keys, was), now in zip(old, new, strict=True):
+        if not isinstance(was, np.ndarray | np.generic):
+            continue
+        got = np.asarray(now)
+        if got.dtype != was.dtype or got.shape != np.shape(was):
+            where = path_str(tuple(path_entry(k) for k in keys))
+            raise ValueError(
+                f"{var}{where if where != '<root>' else ''} holds {was.dtype}{list(np.shape(was))}"
+                f" but the step saved {got.dtype}{list(got.shape)}; {var} is unchanged "
+                "(restore into a new variable, or pass cast=True to convert)"
+            )
 
 
 def barrier(

@@ -79,22 +79,29 @@ def location(root: str | os.PathLike[str] | Location) -> Location:
     Parameters
     ----------
     root
-        A local path (made absolute), ``file:///abs/path``, ``s3://bucket/prefix``, or
-        a location already.
+        A local path (``~`` expanded, made absolute), ``file:///abs/path``,
+        ``s3://bucket/prefix``, or a location already.
 
     Raises
     ------
     StorageURLError
         For a URL of any other scheme, or ``s3://`` without a bucket.
+    ValueError
+        For an empty root, which would otherwise be the current directory.
     """
     if isinstance(root, ObjectPath):
         return root
     text = os.fspath(root)
+    if not text.strip():  # "" would be the current directory: never a choice by accident
+        raise ValueError(
+            "the checkpoint root is empty; name a directory (or s3://bucket/prefix), "
+            "nothing was written"
+        )
     match = _URL.match(text)
     if match is None:
         if _NEAR_URL.match(text):  # "s3:bucket/x" or "s3:/bucket/x": a typo, not a path
             raise StorageURLError(text, _supported())
-        return Path(os.path.abspath(text))
+        return Path(os.path.abspath(os.path.expanduser(text)))
     scheme, rest = match.group(1).lower(), match.group(2)
     supported = _supported()
     if scheme == "file":

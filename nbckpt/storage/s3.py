@@ -49,8 +49,9 @@ def s3_settings(env: dict[str, str] | None = None) -> dict[str, Any]:
     Returns
     -------
     dict
-        ``endpoint`` (or None for AWS), ``region`` (or None) and ``credentials``:
-        ``"environment"`` or ``"default"``.
+        ``endpoint`` (or None for AWS), ``region`` (or None), ``credentials``:
+        ``"environment"`` or ``"default"``, and ``credential_source``: where the
+        credentials come from (a variable or a file), or None if nothing names any.
     """
     env = dict(os.environ if env is None else env)
     endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or None
@@ -60,7 +61,33 @@ def s3_settings(env: dict[str, str] | None = None) -> dict[str, Any]:
         "endpoint": endpoint.rstrip("/") if endpoint else None,
         "region": region,
         "credentials": "environment" if keys else "default",
+        "credential_source": _credential_source(env) if not keys else "environment",
     }
+
+
+def _credential_source(env: dict[str, str]) -> str | None:
+    """Where the default chain would find credentials, short of asking a metadata server.
+
+    None when nothing names any: no profile, no credentials or config file, no web
+    identity or container credentials. Instance metadata (EC2) may still answer then,
+    so this only explains a failure; it refuses nothing.
+    """
+    for name in (
+        "AWS_PROFILE",
+        "AWS_WEB_IDENTITY_TOKEN_FILE",
+        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+    ):
+        if env.get(name):
+            return name
+    home = os.path.expanduser("~")
+    for name, default in (
+        ("AWS_SHARED_CREDENTIALS_FILE", os.path.join(home, ".aws", "credentials")),
+        ("AWS_CONFIG_FILE", os.path.join(home, ".aws", "config")),
+    ):
+        if os.path.isfile(env.get(name) or default):
+            return env.get(name) or default
+    return None
 
 
 class S3Path(ObjectPath):
@@ -111,6 +138,10 @@ class S3Path(ObjectPath):
                 return f"the store refused the credentials ({code})"
         if "PERMISSION_DENIED" in text or "UNAUTHENTICATED" in text:
             return "the store refused the credentials"
+        if self.settings["credential_source"] is None and "retry attempts failed" in text:
+            # What tensorstore says when its default chain found no credentials
+            # ("All 6 retry attempts failed: Unknown"), after every retry.
+            return "no S3 credentials were found in this process's environment"
         if "SlowDown" in text or "RESOURCE_EXHAUSTED" in text:
             return "the store kept throttling requests (SlowDown)"
         return super().classify(exc)
@@ -121,6 +152,11 @@ class S3Path(ObjectPath):
             return "check AWS_ENDPOINT_URL and that the store is up"
         if "does not exist" in reason:
             return "create the bucket or fix the URL"
+        if "no S3 credentials" in reason:
+            return (
+                "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) where "
+                "the request runs: the kernel, or every engine"
+            )
         if "credentials" in reason:
             return "check AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE"
         if "throttling" in reason:

@@ -1,0 +1,36 @@
+"""Restoring into a notebook variable on real engines: the variable is the target."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+T = "tests.mh_restorevar"
+
+
+@pytest.mark.multihost
+def test_shape_dtype_struct_leaves_come_back_as_arrays_laid_out_as_asked(
+    group1, tmp_path: Path
+) -> None:
+    [out] = group1.run(f"{T}:save_then_restore_into", str(tmp_path), "structs")
+    assert out["error"] is None
+    # Not a host ndarray: an array with the sharding the variable asked for.
+    assert out["w_type"] != "ndarray"
+    assert "spec=P('x',)" in out["w_sharding"]
+    assert out["w"] == list(range(8))
+    assert out["n_dtype"] == "int32"
+
+
+@pytest.mark.multihost
+@pytest.mark.parametrize(
+    ("existing", "words"),
+    [("other_dtype", "saved as float32"), ("host_other_dtype", "saved int32[4]")],
+)
+def test_a_variable_of_another_dtype_is_refused_and_left_as_it_was(
+    group1, tmp_path: Path, existing: str, words: str
+) -> None:
+    [out] = group1.run(f"{T}:save_then_restore_into", str(tmp_path), existing)
+    assert out["error"] is not None and words in out["error"], out
+    assert "\n" not in out["error"]
+    assert out["unchanged"]
