@@ -140,22 +140,33 @@ def take_snapshot(
         except (ValueError, RuntimeError) as e:
             raise type(e)(f"cannot snapshot leaf {path_str(leaf.path)}: {e}") from e
     # Every copy to host was started above; waiting for them one by one overlaps them.
+    layout = {m["name"]: (m["shape"], m["chunks"]) for m in snap.leaves if "chunks" in m}
     for w in snap.writes:
         if isinstance(w.data, jax.Array):
-            w.data = _host_copy(w.data)
+            w.data = _host_copy(w, *layout[w.leaf])
     return snap
 
 
-def _host_copy(data: jax.Array) -> np.ndarray:
-    """Return a host copy of a single-device array that no later use of it can change.
+def _host_copy(w: ShardWrite, shape: list[int], chunks: list[int]) -> np.ndarray:
+    """Return a host copy of ``w``'s shard that no later use of the array can change.
 
     On a CPU device ``np.asarray`` is a view of the device buffer, which a donation
-    hands to the next computation: it is copied. Elsewhere it is the host copy that
+    hands to the next computation: the chunks this process writes are copied out of it
+    (of a shard split among its replicas, only this replica's share; the rest of the
+    copy is never touched, so it takes no memory). Elsewhere it is the host copy that
     ``copy_to_host_async`` made, which the array's deletion leaves alone.
     """
-    if all(d.platform == "cpu" for d in data.devices()):
-        return np.array(data, copy=True)
-    return np.asarray(data)
+    data = w.data
+    if not all(d.platform == "cpu" for d in data.devices()):
+        return np.asarray(data)
+    view = np.asarray(data)
+    if w.parts == 1:
+        return np.array(view, copy=True)
+    out = np.empty_like(view)
+    for i, (_, local) in enumerate(chunk_regions(w.index, tuple(shape), tuple(chunks))):
+        if i % w.parts == w.part:
+            out[local] = view[local]
+    return out
 
 
 def _snapshot_leaf(
