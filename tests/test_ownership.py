@@ -273,3 +273,27 @@ def test_a_save_in_the_other_mode_is_refused_too(tmp_path: Path, first: str, sec
         hooks.clear_hooks()
     assert _same(_restored(tmp_path, 5), values(1))
     assert all_steps(tmp_path) == [5] and not list(tmp_path.glob("*.nbckpt-*"))
+
+
+@pytest.mark.parametrize("conditional", ["emulated", "sent"])
+def test_an_owner_record_on_an_object_store_is_created_once(
+    s3_env: Any, monkeypatch: pytest.MonkeyPatch, conditional: str
+) -> None:
+    """The object-store claim's exclusive create, both ways tensorstore makes it: the
+    second creator is told no and the first one's record stays."""
+    import uuid
+
+    from nbckpt.storage import location
+
+    bucket = f"ck-{uuid.uuid4().hex[:10]}"
+    s3_env.create_bucket(bucket)
+    for key, value in s3_env.env().items():
+        monkeypatch.setenv(key, value)
+    # Sent as If-None-Match (as to AWS), or checked by tensorstore before the write.
+    monkeypatch.setenv(
+        "TENSORSTORE_S3_USE_CONDITIONAL_WRITE", "1" if conditional == "sent" else "0"
+    )
+    record = location(f"s3://{bucket}/runs/a") / "5" / "_NBCKPT_OWNER"
+    assert record.create_exclusive(b"first")  # type: ignore[union-attr]
+    assert not record.create_exclusive(b"second")  # type: ignore[union-attr]
+    assert record.read_bytes() == b"first"

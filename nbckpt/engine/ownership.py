@@ -8,11 +8,11 @@ working directory in the preflight, before anything is written:
 * locally, by ``os.mkdir`` of the working directory (it fails with ``EEXIST`` when the
   directory is there: exactly one claimer wins), then its owner record, written
   durably, naming the operation, host, pid and time;
-* on an object store, which offers no exclusive create through :mod:`nbckpt.storage`,
-  by refusing a live owner record, writing its own, and reading it back: the last
-  writer wins, and a claimer that reads back another's record gives up. That narrows
-  the race to the moments between two requests; a conditional put (``If-None-Match:
-  *``) would close it.
+* on an object store, by refusing a live owner record, then creating its own with a
+  conditional write that succeeds only where no record is
+  (:meth:`~nbckpt.storage.objects.ObjectPath.create_exclusive`: ``If-None-Match: *``
+  where tensorstore sends it, AWS or ``TENSORSTORE_S3_USE_CONDITIONAL_WRITE=1``), and
+  reading it back, for stores where tensorstore only checks first.
 
 A claim left by a save that will never finish is *stale*, and the next claimer removes
 it (see :func:`stale_reason`): its operation's journal says it ended (failed, or
@@ -208,8 +208,15 @@ def claim(
             if stale_reason(root, work) is None:
                 return _refusal(work, seen)
             _reclaim(root, work, seen)
-        storage.write_durable(work / OWNER_FILE, text)
-        # Last writer wins on a store without conditional puts: read back who won.
+        record_path = work / OWNER_FILE
+        create = getattr(record_path, "create_exclusive", None)
+        if create is not None:
+            if not create(text.encode()):
+                return _refusal(work, read_owner(work))
+        else:
+            storage.write_durable(record_path, text)
+        # Where the store only emulates the condition, the last writer may still win:
+        # read back who did.
         time.sleep(0.05)
         won = read_owner(work)
         if won is None or won.get("op") != record["op"]:

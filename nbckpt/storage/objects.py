@@ -234,6 +234,23 @@ class ObjectPath:
         self._call("write", lambda store: store.write(self.key, data))
         return len(data)
 
+    def create_exclusive(self, data: bytes) -> bool:
+        """Store ``data`` under this key only if no object has it; tell whether it did.
+
+        A conditional write: its condition is that the key holds no object. tensorstore
+        sends it as the store's own condition (``If-None-Match: *`` on S3) to AWS
+        endpoints, or to any endpoint when ``TENSORSTORE_S3_USE_CONDITIONAL_WRITE=1``;
+        elsewhere it checks the key first, which narrows a race between two creators
+        without closing it.
+        """
+        found = self._call("read", lambda store: store.read(self.key))
+        if found.state == "value":
+            return False
+        absent = found.stamp.generation
+        stamp = self._call("write", lambda store: store.write(self.key, data, if_equal=absent))
+        # A condition that did not hold leaves the object alone and no generation.
+        return bool(stamp.generation)
+
     def write_text(self, text: str, encoding: str = "utf-8") -> int:
         """Store ``text`` under this key (see :meth:`write_bytes`)."""
         return self.write_bytes(text.encode(encoding))
