@@ -223,7 +223,9 @@ def write_shards(
             report.add(nbytes)
         for target, part, nbytes in deferred:
             t0 = time.monotonic()
-            waiter.wait(target.write(part, can_reference_source_data_indefinitely=True))
+            fut = target.write(part, can_reference_source_data_indefinitely=True)
+            pending.append((fut, nbytes))  # settled too if the wait gives up
+            waiter.wait(fut)
             # Fault injection: this chunk takes ``slowdown`` times as long as it did.
             waiter.sleep((slowdown - 1) * (time.monotonic() - t0))
             report.add(nbytes)
