@@ -171,6 +171,11 @@ class NbckptMagics(Magics):
         handle too (``h = %ckpt_save state --step 1 --wait``). Unless
         ``--quiet``, a widget shows each process's phase, bytes written, barriers and
         commit, updated by itself from the journal (text bars without widgets).
+
+        The snapshot is a copy: the engines may donate the saved arrays right after.
+        Every engine must save the same tree with the same options, or nothing is
+        written. A step another save is writing is refused, naming it; so is a step
+        older than the newest one (``%ckpt_rollback STEP`` first).
         """
         args = a.parse_save_args(line)
         client = self._client()

@@ -177,6 +177,10 @@ class AsyncCheckpointer:
     ) -> None:
         """Start saving ``tree`` as ``step``; return once the snapshot is safe.
 
+        The snapshot is a host copy of every shard this process writes, so the arrays
+        may be donated or changed as soon as this returns. ``None`` and empty
+        containers are recorded with the tree, so positions never shift.
+
         Parameters
         ----------
         step
@@ -413,9 +417,10 @@ class AsyncCheckpointer:
             device count allows, or are replicated otherwise); or a pytree whose
             leaves are ``jax.ShapeDtypeStruct`` with a sharding, ``jax.sharding``
             objects or ``jax.Array`` (restored as jax arrays with that sharding), or
-            anything else (restored as host values). A target that covers a subtree
-            restores that subtree only. The process count and mesh may differ from
-            those at save time.
+            anything else (restored as host values; a NumPy array asks for its own
+            shape and dtype). A target that leaves saved leaves out is refused unless
+            ``partial`` (an Orbax step's subtree target restores that subtree, as in
+            Orbax). The process count and mesh may differ from those at save time.
         key
             As for :meth:`save`.
         timeout_s
@@ -449,8 +454,11 @@ class AsyncCheckpointer:
             leaves), or an Orbax step has no item ``item``.
         ValueError
             A target leaf's shape differs from the saved one, or its dtype does and
-            ``cast`` is False; or an Orbax step holds several pytree items and
-            ``item`` is None.
+            ``cast`` is False; the target leaves saved leaves out and ``partial`` is
+            False; a 64-bit leaf would become a jax array in a process without
+            ``jax_enable_x64`` (it would be truncated); a target sharding cannot split
+            its leaf evenly; or an Orbax step holds several pytree items and ``item``
+            is None.
         """
         return self.restore_from(
             lambda: target,
