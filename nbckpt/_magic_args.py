@@ -16,6 +16,7 @@ import argparse
 import keyword
 import math
 import os
+import re
 import shlex
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -683,6 +684,9 @@ def parse_fault_args(line: str) -> FaultArgs:
         )
 
 
+#: A plain decimal number of seconds, as ``--stale-after`` takes it.
+_NUMBER = re.compile(r"[0-9]+(\.[0-9]*)?|\.[0-9]+")
+
 FSCK: Final = MagicArgs(
     "ckpt_fsck",
     argument(
@@ -694,6 +698,12 @@ FSCK: Final = MagicArgs(
         action="store_true",
         help="read every array of complete steps and check shapes and checksums",
     ),
+    argument(
+        "--stale-after",
+        metavar="S",
+        help="take an unfinished save silent for S seconds as abandoned (default 600; "
+        "0 when you know its job is dead)",
+    ),
 )
 
 
@@ -704,13 +714,25 @@ class FsckArgs:
     directory: str | None
     clean: bool
     verify: bool
+    stale_after_s: float | None = None
 
 
 def parse_fsck_args(line: str) -> FsckArgs:
     """Parse and check ``%ckpt_fsck``'s line; raise UsageError if anything is wrong."""
     ns = FSCK.parse(line)
     with FSCK.checking():
-        return FsckArgs(directory=directory(ns.dir, "DIR"), clean=ns.clean, verify=ns.verify)
+        stale = None
+        if ns.stale_after is not None:
+            text = ns.stale_after.strip()
+            stale = float(text) if text.isascii() and _NUMBER.fullmatch(text) else math.nan
+            if not math.isfinite(stale) or stale < 0:
+                raise ValueError(f"--stale-after must be a number of seconds >= 0, got {text!r}")
+        return FsckArgs(
+            directory=directory(ns.dir, "DIR"),
+            clean=ns.clean,
+            verify=ns.verify,
+            stale_after_s=stale,
+        )
 
 
 SHOW: Final = MagicArgs("ckpt_show", *OP_ARGS)

@@ -483,8 +483,8 @@ class StepBusyError(NbckptError, FileExistsError):
             f"{path} is being written by another save (op {owner.get('op')}, host "
             f"{owner.get('host')}, pid {owner.get('pid')}{when}); two jobs must not save "
             "one step to one root: wait for it to end, or if that job is dead remove its "
-            "claim with 'nbckpt fsck ROOT --clean --stale-after 0' (or "
-            "nbckpt.fsck.fsck(root, clean=True, stale_after_s=0))"
+            "claim with %ckpt_fsck --clean --stale-after 0 (in a shell: nbckpt fsck "
+            "ROOT --clean --stale-after 0)"
         )
 
 

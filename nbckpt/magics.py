@@ -362,12 +362,15 @@ class NbckptMagics(Magics):
         """Check a checkpoint directory: complete, in progress, abandoned, corrupt.
 
         ``--clean`` removes abandoned entries and never a complete step; ``--verify``
-        recomputes every chunk's checksum recorded at save time.
+        recomputes every chunk's checksum recorded at save time. An unfinished save is
+        abandoned once silent for ``--stale-after`` seconds (600); give 0 to clear the
+        claim of a job you know is dead.
         """
         args = a.parse_fsck_args(line)
         root = self._root(args.directory, "ckpt_fsck")
         try:
-            report = reads.run(reads.FSCK, root, clean=args.clean, verify=args.verify)
+            stale = {} if args.stale_after_s is None else {"stale_after_s": args.stale_after_s}
+            report = reads.run(reads.FSCK, root, clean=args.clean, verify=args.verify, **stale)
         except (FileNotFoundError, StorageError) as e:  # one line, no traceback
             raise UsageError(str(e)) from None
         print(report.table())

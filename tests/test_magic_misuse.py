@@ -742,3 +742,16 @@ def test_a_bad_phase_lists_the_phases_by_their_values():
         a.parse_fault_args("kill --process 1 --at bogus")
     msg = str(info.value)
     assert "'snapshot'" in msg and "<Phase" not in msg
+
+
+@pytest.mark.parametrize(
+    ("tail", "stale"), [("", None), ("--stale-after 0", 0.0), ("--stale-after 2.5", 2.5)]
+)
+def test_fsck_takes_a_stale_after_of_zero_or_more_seconds(tail: str, stale: float | None) -> None:
+    assert a.parse_fsck_args(f"--clean {tail}").stale_after_s == stale
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf", "abc", "1e3", "٣"])
+def test_fsck_refuses_a_stale_after_that_is_not_seconds(value: str) -> None:
+    with pytest.raises(UsageError, match="--stale-after must be a number of seconds >= 0"):
+        a.parse_fsck_args(f"--stale-after {value}")
