@@ -144,7 +144,9 @@ class Preflight:
         found = strategy.problem(self.root, step, force)
         if found:
             return found
-        newer = [r.step for r in records(self.root) if r.step > step]
+        # Only the steps above this one are read: none, on the usual path.
+        later = [s for s in all_steps(self.root) if s > step]
+        newer = [r.step for r in records(self.root, later)] if later else []
         if newer:
             # A save below the newest step would be deleted by retention at once, and a
             # restore of the latest would still pick the abandoned run's step. Only

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from nbckpt.engine.advice import reason
@@ -15,14 +16,15 @@ from nbckpt.storage import Location
 __all__ = ["apply_retention", "prune_after", "prune_everywhere", "records"]
 
 
-def records(root: Location) -> list[StepRecord]:
+def records(root: Location, steps: Sequence[int] | None = None) -> list[StepRecord]:
     """The complete steps under ``root`` that nbckpt created, with their metrics.
 
     A step counts only if nbckpt's own metadata is in it: an Orbax step or a foreign
-    folder in the same root is neither counted nor ever removed.
+    folder in the same root is neither counted nor ever removed. ``steps``: look at
+    these complete steps only (default: every one under ``root``).
     """
     out = []
-    for step in all_steps(root):
+    for step in all_steps(root) if steps is None else steps:
         meta = read_metadata(step_dir(root, step))
         if meta is None or meta.get("format") != FORMAT:
             continue
