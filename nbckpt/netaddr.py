@@ -2,7 +2,8 @@
 
 A cluster that spans hosts must never listen on every interface by default, nor
 advertise a loopback address to other hosts. Both questions are answered here from the
-kernel's routing table and the host's own name, without sending anything.
+kernel's routing table and the host's own name, without sending anything. So is
+whether a process of this host, named in a record, still runs (:func:`pid_alive`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import os
 import socket
 from typing import Any
 
-__all__ = ["host_info", "is_loopback", "loopback_name", "route_address"]
+__all__ = ["host_info", "is_loopback", "loopback_name", "pid_alive", "route_address"]
 
 
 def route_address(toward: str) -> str:
@@ -67,3 +68,16 @@ def host_info(toward: str) -> dict[str, Any]:
     except OSError:
         address = None
     return {"host": socket.gethostname(), "address": address, "pid": os.getpid()}
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this id runs on this host."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process: it exists
+    except OSError:
+        return False
+    return True

@@ -48,6 +48,7 @@ from nbckpt.layout import (
     step_dir,
     tmp_dir,
 )
+from nbckpt.netaddr import pid_alive
 from nbckpt.protocol import COMMIT_FILE_MODE, Mode, Status
 from nbckpt.saveops import journal_committed
 from nbckpt.storage import Location
@@ -69,16 +70,6 @@ def owner_record(op: str, mode: Mode, step: int) -> dict[str, Any]:
         "pid": os.getpid(),
         "time": time.time(),
     }
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process: it exists
-    return True
 
 
 def _mtime(path: Location) -> float:
@@ -104,7 +95,7 @@ def stale_reason(root: Location, path: Location, now: float | None = None) -> st
         age = now - _mtime(path)
         return f"no owner record for {age:.0f} s" if age > _CLAIMING_S else None
     pid, host = owner.get("pid"), owner.get("host")
-    if host == socket.gethostname() and isinstance(pid, int) and not _pid_alive(pid):
+    if host == socket.gethostname() and isinstance(pid, int) and not pid_alive(pid):
         return f"its process {pid} on this host is gone"
     op = owner.get("op")
     if not isinstance(op, str) or not (ops_dir(root) / op).is_dir():

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from nbckpt.cluster import clusters_dir
 from nbckpt.layout import STATE_DIR, TMP_SUFFIX, parse_step, step_format
+from nbckpt.netaddr import pid_alive
 
 __all__ = [
     "SKIPPED_DIRS",
@@ -86,19 +87,6 @@ class ScanResult:
     truncated: bool
 
 
-def _alive(pid: int) -> bool:
-    """Whether a process with this id runs on this machine."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process: it exists
-    except OSError:
-        return False
-    return True
-
-
 def running_clusters(folder: Path | None = None) -> list[ClusterRecord]:
     """Read the roots that running clusters registered, oldest first.
 
@@ -132,7 +120,7 @@ def running_clusters(folder: Path | None = None) -> list[ClusterRecord]:
         except (OSError, ValueError, KeyError, TypeError):
             continue  # half written, or not ours: no root to offer
         # A pid means nothing on another machine that shares this runtime folder.
-        if data.get("host") != host or not _alive(record.pid):
+        if data.get("host") != host or not pid_alive(record.pid):
             continue
         found.append(record)
     return sorted(found, key=lambda r: r.time)
