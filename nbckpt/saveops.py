@@ -105,10 +105,13 @@ def journal_committed(rec: OperationRecord) -> bool:
     return False
 
 
-def own_op(path: storage.Location, step: int, ops: SaveOps) -> str | None:
-    """The save that wrote ``path``: its owner record's, its metadata's, else the newest."""
+def own_op(path: storage.Location, step: int, ops: SaveOps, *, newest: bool = True) -> str | None:
+    """The save that wrote ``path``: its owner record's, its metadata's, or else one.
+
+    Else, with ``newest``, the newest journaled save of ``step``; without, None.
+    """
     for record in (read_owner(path), read_metadata(path)):
         op = record.get("op") if record else None
         if isinstance(op, str) and ops.exists(op):
             return op
-    return ops.newest(step)
+    return ops.newest(step) if newest else None

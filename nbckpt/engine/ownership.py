@@ -43,14 +43,13 @@ from nbckpt.layout import (
     entry_state,
     is_complete,
     ops_dir,
-    read_metadata,
     read_owner,
     step_dir,
     tmp_dir,
 )
 from nbckpt.netaddr import pid_alive
 from nbckpt.protocol import COMMIT_FILE_MODE, Mode, Status
-from nbckpt.saveops import journal_committed
+from nbckpt.saveops import SaveOps, journal_committed, own_op
 from nbckpt.storage import Location
 
 __all__ = ["claim", "owner_record", "release", "stale_reason"]
@@ -121,11 +120,9 @@ def _committed_here(root: Location, step: int, path: Location) -> bool:
     final = step_dir(root, step)
     if path != final and is_complete(final):
         return False  # a replaced step's leftover: the committed copy is in place
-    for record in (read_owner(path), read_metadata(path)):
-        op = record.get("op") if record else None
-        if isinstance(op, str) and (ops_dir(root) / op).is_dir():
-            return journal_committed(read_operation(root, op))
-    return False
+    ops = SaveOps(root)
+    op = own_op(path, step, ops, newest=False)
+    return op is not None and journal_committed(ops.record(op))
 
 
 def _reclaim(root: Location, path: Location, seen: dict[str, Any] | None) -> None:
