@@ -28,7 +28,10 @@ def save_then_restore_into(root: str, existing: str) -> dict[str, Any]:
             "n": np.zeros(4, np.int32),
         }
     elif existing == "other_dtype":
-        ns["var"] = {"w": jax.device_put(np.zeros(8, np.int32), _sharding()), "n": np.zeros(4)}
+        ns["var"] = {
+            "w": jax.device_put(np.zeros(8, np.int32), _sharding()),
+            "n": np.zeros(4, np.int32),
+        }
     elif existing == "host_other_dtype":
         ns["var"] = {"w": jax.device_put(np.zeros(8, np.float32), _sharding()), "n": np.zeros(4)}
     before = ns.get("var")
