@@ -4,22 +4,16 @@ argparse keeps the last value of a repeated option: ``%ckpt_save x --step 1 --st
 would save step 2 without a word. :func:`repeated_option` finds such an option (also
 written ``--step=2`` or abbreviated ``--st 2``, as argparse accepts), so that the line
 is refused with a UsageError naming it. Options declared ``action="append"`` are meant
-to repeat (``--metric``). :func:`metrics` reads ``--metric NAME=VALUE`` items, and
-:func:`plain_metrics` makes the NumPy and JAX scalars that ``CheckpointClient.save`` is
-given Python floats.
+to repeat (``--metric``). :func:`metrics` reads ``--metric NAME=VALUE`` items.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import numbers
-from collections.abc import Mapping
-from typing import Any
 
 from nbckpt.retention import check_metrics
 
-__all__ = ["metrics", "plain_metrics", "repeated_option"]
+__all__ = ["metrics", "repeated_option"]
 
 
 def _action_of(parser: argparse.ArgumentParser, token: str) -> argparse.Action | None:
@@ -71,23 +65,3 @@ def metrics(items: list[str] | None) -> dict[str, float]:
         return check_metrics(out)
     except ValueError as e:
         raise ValueError(f"--metric: {e}") from None
-
-
-def plain_metrics(metrics: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """``metrics`` with NumPy and JAX scalars as Python floats, ready to be checked and sent.
-
-    A loss is often ``jnp.float32`` or ``np.float32``: a number, but not a Python one,
-    and a jax array would pull jax into the engines' unpickling of the request. A
-    0-d array or scalar becomes a float; anything else is left for the check to name.
-    """
-    if metrics is None:
-        return None
-    out: dict[str, Any] = {}
-    for name, value in metrics.items():
-        if not isinstance(value, bool | int | float) and (
-            isinstance(value, numbers.Real) or getattr(value, "shape", None) == ()
-        ):
-            with contextlib.suppress(TypeError, ValueError):
-                value = float(value)
-        out[name] = value
-    return out

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from nbckpt import reads, storage
-from nbckpt._magic_checks import plain_metrics
 from nbckpt.cluster import AGENT, ENGINE_DIED, JaxCluster, engine_errors, errors_by_process, remote
 from nbckpt.errors import ClusterGoneError, SaveFailedError, by_process, who
 from nbckpt.journal import OperationRecord, ProcessRecord, merge_events
@@ -366,7 +365,7 @@ class CheckpointClient:
         timeout_s = check_timeout(timeout_s, "timeout_s")
         root = self.root(directory)
         storage.commit_mode(storage.location(root), mode)  # refuses rename on a bucket
-        checked = check_metrics(plain_metrics(metrics))
+        checked = check_metrics(metrics)  # NumPy and jax scalars become Python floats
         self.cluster.check_alive()  # a dead engine: one clear line, before anything is sent
         acknowledged = tuple(sorted(self._acknowledged))
         # The engines' own deadline (timeout_s) bounds their blocking part; the margin
