@@ -8,7 +8,7 @@ outlive any one server.
 
 The raw figures are tensorstore's ``KvStore.write``/``read`` of the same bytes, cut
 into the same objects as nbckpt's chunks (one per shard chunk of at most
-:data:`nbckpt.engine.storage.DEFAULT_CHUNK_BYTES`), with every request in flight at
+:data:`nbckpt.engine.arrays.zarr.DEFAULT_CHUNK_BYTES`), with every request in flight at
 once, through nbckpt's own tensorstore context (same S3 retries and concurrency
 limits, no cache): what this server can take.
 """
@@ -43,7 +43,7 @@ def nb_restore(env: dict[str, str], root: str, step: int) -> float:
 
 def _chunks(name: str, shard: Any, max_bytes: int) -> list[tuple[str, tuple[slice, ...]]]:
     """``(key, local slice)`` of each chunk of one shard, named by its global grid index."""
-    from nbckpt.engine.storage import chunk_shape
+    from nbckpt.engine.arrays.zarr import chunk_shape
 
     data = shard.data
     shape = [int(d) for d in data.shape]
@@ -72,7 +72,7 @@ def _kvstore(prefix: str) -> Any:
     import tensorstore as ts
 
     from nbckpt import storage
-    from nbckpt.engine.storage import context
+    from nbckpt.engine.arrays.zarr import context
 
     spec = storage.kvstore_spec(storage.location(prefix))
     return ts.KvStore.open(spec, context=context()).result()
@@ -87,7 +87,7 @@ def raw_write(env: dict[str, str], prefix: str, tag: str) -> dict[str, float]:
     """
     import numpy as np
 
-    from nbckpt.engine.storage import DEFAULT_CHUNK_BYTES
+    from nbckpt.engine.arrays.zarr import DEFAULT_CHUNK_BYTES
 
     _env(env)
     sync = _workers._sync()
@@ -114,7 +114,7 @@ def raw_read(env: dict[str, str], prefix: str, tag: str) -> float:
     """GET every chunk of this process's shards back, all in flight at once; seconds."""
     import numpy as np
 
-    from nbckpt.engine.storage import DEFAULT_CHUNK_BYTES
+    from nbckpt.engine.arrays.zarr import DEFAULT_CHUNK_BYTES
 
     _env(env)
     sync = _workers._sync()

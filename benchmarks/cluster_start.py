@@ -34,7 +34,7 @@ sys.path[:0] = [str(REPO)]
 
 import ipyparallel as ipp  # noqa: E402  (imported once, before any start is timed)
 
-from nbckpt.cluster import JaxCluster  # noqa: E402
+from nbckpt.session.cluster import JaxCluster  # noqa: E402
 
 SYSTEMS = ("plain", "nbckpt")
 TARGET = 1.25

@@ -87,9 +87,9 @@ def _w_restore_step(root: str, step: int, verify: bool) -> dict[str, float]:
     """
     import jax
 
-    from nbckpt import checksum
-    from nbckpt.engine import restore
-    from nbckpt.layout import step_dir
+    from nbckpt.engine.restore import step as restore
+    from nbckpt.formats import checksum
+    from nbckpt.formats.layout import step_dir
 
     spent = [0.0]
     compute = checksum.checksum

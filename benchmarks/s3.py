@@ -2,7 +2,7 @@
 
 Run: ``.venv/bin/python benchmarks/s3.py [--sizes 64M,256M] [--reps 3]``
 (``--quick``: 8 MiB, one repetition, a smoke run). Needs moto (the ``dev`` extra): the
-script starts its own S3 server (:class:`nbckpt.local_s3.S3Server`, moto on 127.0.0.1).
+script starts its own S3 server (:class:`nbckpt.storage.local_s3.S3Server`, moto on 127.0.0.1).
 
 One group of local JAX processes (one CPU device each) holds one float32 state of 8
 arrays sharded over every device (random values) and, in one run, in alternating order
@@ -43,8 +43,8 @@ sys.path[:0] = [str(HERE), str(REPO)]
 from compare import fmt_size, gbps, group_of, med, parse_size, ratio  # noqa: E402
 
 from nbckpt import storage  # noqa: E402
-from nbckpt.local_s3 import S3Server  # noqa: E402
 from nbckpt.procgroup import ProcessGroup  # noqa: E402
+from nbckpt.storage.local_s3 import S3Server  # noqa: E402
 
 W = "_workers"
 S = "_s3_workers"

@@ -7,7 +7,7 @@ into a fresh root, again and again, rotating through three modes:
 
 - ``journal``: as shipped (every process journals its events), nobody watching;
 - ``journal+widget``: the same, while this (parent) process follows the save the way a
-  notebook does: a :class:`~nbckpt.monitor.JournalTailer` polled every 0.25 s by a
+  notebook does: a :class:`~nbckpt.views.monitor.JournalTailer` polled every 0.25 s by a
   :class:`~nbckpt.widgets.live.LiveUpdater` that feeds a real ``ProgressWidget``;
 - ``no journal``: ``JournalWriter.emit`` replaced by a no-op inside the benchmark's
   own workers only, to price the journal itself.
@@ -61,7 +61,7 @@ def _cpu_s() -> float:
 
 
 def _save(group: Any, root: Path, step: int, mode: str) -> dict[str, float]:
-    from nbckpt.monitor import JournalTailer
+    from nbckpt.views.monitor import JournalTailer
     from nbckpt.widgets.live import LiveUpdater
     from nbckpt.widgets.progress import ProgressWidget
 

@@ -28,14 +28,14 @@ from nbckpt.errors import (
     StorageError,
     StorageURLError,
 )
-from nbckpt.layout import all_steps, latest_step
+from nbckpt.formats.layout import all_steps, latest_step
 
 __version__ = "0.1.0"
 
 
 def load_ipython_extension(ipython: object) -> None:
     """Register the ``%ckpt_*`` magics: ``%load_ext nbckpt``."""
-    from nbckpt.magics import load_ipython_extension as load
+    from nbckpt.magics.commands import load_ipython_extension as load
 
     load(ipython)
 

@@ -14,7 +14,7 @@ _USAGE = (
 
 
 def fsck_main(argv: list[str]) -> int:
-    """Run ``nbckpt fsck``: print :func:`nbckpt.fsck.fsck`'s report.
+    """Run ``nbckpt fsck``: print :func:`nbckpt.formats.fsck.fsck`'s report.
 
     Returns
     -------
@@ -53,7 +53,7 @@ def fsck_main(argv: list[str]) -> int:
     except SystemExit as e:  # argparse's own exit: 0 for --help, 2 for a usage error
         return int(e.code or 0)
     from nbckpt.errors import StorageError
-    from nbckpt.fsck import fsck
+    from nbckpt.formats.fsck import fsck
 
     try:
         stale = {} if args.stale_after is None else {"stale_after_s": args.stale_after}

@@ -74,7 +74,7 @@ class Barrier(StrEnum):
 
 
 #: The barrier a restore meets before its processes exchange the pieces of replicated
-#: leaves (:mod:`nbckpt.engine.exchange`): past it, every process has read its own.
+#: leaves (:mod:`nbckpt.engine.restore.exchange`): past it, every process has read its own.
 READ_BARRIER: Final = "read_complete"
 
 #: The prefix of a barrier wait's phase name: ``barrier:<name>``.

@@ -33,8 +33,8 @@ def check_root(root: Path) -> list[str]:
     import numpy as np
     import tensorstore as ts
 
-    from nbckpt.fsck import verify_step
-    from nbckpt.layout import METADATA_FILE, all_steps
+    from nbckpt.formats.fsck import verify_step
+    from nbckpt.formats.layout import METADATA_FILE, all_steps
     from tests.mh_tasks import full_values
 
     problems = []
@@ -60,7 +60,7 @@ def check_root(root: Path) -> list[str]:
 
 def run_trial(seed: int, base: Path) -> dict[str, Any]:
     """One trial; returns what happened and the violations found (none expected)."""
-    from nbckpt.layout import all_steps
+    from nbckpt.formats.layout import all_steps
     from nbckpt.procgroup import ProcessGroup
 
     rng = random.Random(seed)

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from nbckpt.formats.layout import COMMIT_FILE, FORMAT, METADATA_FILE, TMP_SUFFIX, write_owner
 from nbckpt.journal import JournalWriter
-from nbckpt.layout import COMMIT_FILE, FORMAT, METADATA_FILE, TMP_SUFFIX, write_owner
 
 LEAVES: list[dict[str, Any]] = [
     {"name": "params.w", "kind": "jax", "shape": [4, 4], "dtype": "float32"},

@@ -13,8 +13,9 @@ from typing import Any
 
 import jax
 
-from nbckpt.engine import AsyncCheckpointer, health, hooks
-from nbckpt.engine.sync import default_client
+from nbckpt.engine import AsyncCheckpointer, hooks
+from nbckpt.engine.sync import health
+from nbckpt.engine.sync.barriers import default_client
 from nbckpt.errors import NbckptError
 from tests import mh_hosts
 

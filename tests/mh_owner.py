@@ -111,7 +111,7 @@ def sm_prune(root: str, step: int) -> list[int]:
 
 
 def sm_retention(root: str, max_to_keep: int | None) -> None:
-    from nbckpt.retention import RetentionPolicy
+    from nbckpt.formats.retention import RetentionPolicy
 
     _jobs[root].set_retention(RetentionPolicy(max_to_keep=max_to_keep))
 

@@ -24,7 +24,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from nbckpt.engine import AsyncCheckpointer
-from nbckpt.engine.tree import NAME_MAX, RESERVED_NAMES
+from nbckpt.engine.arrays.tree import NAME_MAX, RESERVED_NAMES
 
 # -- containers people save ---------------------------------------------------------------
 
@@ -136,7 +136,7 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_\-]")
 
 
 def _encoded(key: str) -> str:
-    """A key as it appears in its leaf's name on disk (nbckpt.engine.tree.leaf_name)."""
+    """A key as it appears in its leaf's name on disk (nbckpt.engine.arrays.tree.leaf_name)."""
     text = _UNSAFE.sub(lambda m: "".join(f"%{b:02X}" for b in m.group().encode()), key)
     return text or "%"
 
@@ -167,7 +167,7 @@ def supported_leaf(x: Any) -> bool:
 def refusal_reason(desc: Any) -> str | None:
     """Why ``save`` must refuse the tree ``desc`` describes, or None if it must save it.
 
-    The documented refusals (``AsyncCheckpointer.save``, ``nbckpt.engine.tree.flatten``):
+    The documented refusals (``AsyncCheckpointer.save``, ``nbckpt.engine.arrays.tree.flatten``):
     a leaf that is not an array or a number (or has a string, object or datetime
     dtype); a key other than str or int; two leaves whose names on disk differ at most
     in case; a name reserved by the step directory; a name over 255 bytes.

@@ -9,7 +9,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from nbckpt.engine import agent
+from nbckpt.engine.remote import agent
 
 
 def _sharding() -> NamedSharding:

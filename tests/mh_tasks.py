@@ -285,7 +285,7 @@ def resave_with_fault(
 
 def agent_save_missing_on(root: str, step: int, missing_on: int) -> dict[str, Any]:
     """Save through the notebook's engine entry point; ``state`` is absent on one process."""
-    from nbckpt.engine import agent
+    from nbckpt.engine.remote import agent
 
     ns = {} if jax.process_index() == missing_on else {"state": make_state(step)}
     t0 = time.time()
@@ -298,7 +298,7 @@ def agent_save_missing_on(root: str, step: int, missing_on: int) -> dict[str, An
 
 def agent_two_saves(root: str, step: int) -> list[str | None]:
     """Two saves of one step back to back with different options, as two cells would."""
-    from nbckpt.engine import agent
+    from nbckpt.engine.remote import agent
 
     ns = {"a": make_state(step), "b": make_state(step + 100)}
     errors: list[str | None] = []
@@ -359,10 +359,10 @@ def replicated_round_trip(root: str, plan: str) -> dict[str, Any]:
     """
     from pathlib import Path
 
-    from nbckpt.engine import hostshare
-    from nbckpt.engine import restore as _restore
-    from nbckpt.engine.exchange import JobReads
-    from nbckpt.layout import step_dir
+    from nbckpt.engine.restore import hostshare
+    from nbckpt.engine.restore import step as _restore
+    from nbckpt.engine.restore.exchange import JobReads
+    from nbckpt.formats.layout import step_dir
 
     if plan == "apart":
         hostshare.SCRATCH_DIR = Path(root) / f"shm-{jax.process_index()}"

@@ -27,7 +27,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any, Self
 
-from nbckpt.local_s3 import _CREDENTIALS, HOST, S3Server, closed_port
+from nbckpt.storage.local_s3 import _CREDENTIALS, HOST, S3Server, closed_port
 
 __all__ = ["SLOWDOWN_BODY", "FaultProxy", "S3Server", "closed_port"]
 

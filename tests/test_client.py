@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from nbckpt.client import CheckpointClient, SaveHandle, _failure, resolve_operation
+from nbckpt.formats.layout import COMMIT_FILE, METADATA_FILE, ops_dir, step_dir
 from nbckpt.journal import merge_events
-from nbckpt.layout import COMMIT_FILE, METADATA_FILE, ops_dir, step_dir
+from nbckpt.session.client import CheckpointClient, SaveHandle, _failure, resolve_operation
 
 OP = "20250101T000000.000000-save-5"
 
@@ -146,7 +146,7 @@ def test_numpy_and_jax_scalar_metrics_become_floats_before_they_are_sent():
     import jax.numpy as jnp
     import numpy as np
 
-    from nbckpt.retention import check_metrics  # what CheckpointClient.save sends
+    from nbckpt.formats.retention import check_metrics  # what CheckpointClient.save sends
 
     given = {"a": np.float32(0.5), "b": jnp.float32(1.5), "c": jnp.array(2), "d": np.int64(3)}
     plain = check_metrics(given)
@@ -159,7 +159,7 @@ def test_numpy_and_jax_scalar_metrics_become_floats_before_they_are_sent():
 
 def test_processes_that_went_down_with_process_0_end_their_rows():
     """Process 1 reports process 0 dead; process 2 never writes again: no row stays running."""
-    from nbckpt.monitor import settled, view_state
+    from nbckpt.views.monitor import settled, view_state
 
     head = {"kind": "save", "step": 3, "op": OP, "process_count": 3, "primary": 0}
     started = [{**head, "t": 1.0, "event": "requested"}, {"t": 1.1, "event": "snapshot_done"}]

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from nbckpt.cluster import JaxCluster, _await_url_file, _where_stuck
 from nbckpt.errors import ClusterError
+from nbckpt.session.cluster import JaxCluster, _await_url_file, _where_stuck
 
 
 def _profile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
@@ -65,7 +65,7 @@ def test_ssh_engines_get_no_copies_of_the_connection_files():
 
 def _failed_start(monkeypatch: pytest.MonkeyPatch, code: str, n: int, timeout_s: float) -> str:
     """Start ``n`` engines that run ``code`` in place of engine_main; the error's text."""
-    monkeypatch.setattr("nbckpt.cluster.ENGINE_MAIN", code)
+    monkeypatch.setattr("nbckpt.session.cluster.ENGINE_MAIN", code)
     with pytest.raises(ClusterError) as info:
         JaxCluster(n=n).start(timeout_s=timeout_s)
     return str(info.value)
@@ -88,7 +88,7 @@ def test_an_engine_alive_but_unregistered_is_asked_where_it_is(monkeypatch):
         "    print('about to register', flush=True)\n"
         "    time.sleep(600)\n"
         "app.main = main\n"
-        "from nbckpt.cluster import engine_main; engine_main()"
+        "from nbckpt.session.cluster import engine_main; engine_main()"
     )
     text = _failed_start(monkeypatch, hang, n=1, timeout_s=20)
     assert "only 0 of 1 engines registered within 20 s" in text, text

@@ -8,8 +8,8 @@ import ipyparallel as ipp
 import pytest
 from IPython.core.error import UsageError
 
-from nbckpt.client import SaveFailedError
-from nbckpt.cluster import ClusterError, ClusterGoneError
+from nbckpt.session.client import SaveFailedError
+from nbckpt.session.cluster import ClusterError, ClusterGoneError
 
 pytestmark = pytest.mark.multihost
 

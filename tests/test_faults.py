@@ -14,7 +14,7 @@ import pytest
 
 from nbckpt.engine import AsyncCheckpointer
 from nbckpt.errors import CheckpointError
-from nbckpt.layout import all_steps, latest_step
+from nbckpt.formats.layout import all_steps, latest_step
 from nbckpt.procgroup import ProcessGroup
 from nbckpt.protocol import PHASES
 from tests.conftest import _ENV

@@ -13,8 +13,8 @@ from IPython.core.interactiveshell import InteractiveShell
 
 from nbckpt.engine import AsyncCheckpointer, hooks
 from nbckpt.errors import CheckpointError
-from nbckpt.fsck import fsck
-from nbckpt.layout import all_steps
+from nbckpt.formats.fsck import fsck
+from nbckpt.formats.layout import all_steps
 
 
 def _state(k: float) -> dict:
@@ -117,7 +117,7 @@ def test_fsck_magic(root, capsys):
 def test_clean_never_deletes_a_step_the_journal_says_committed(tmp_path, how):
     import json
 
-    from nbckpt.layout import COMMIT_FILE, METADATA_FILE, OWNER_FILE
+    from nbckpt.formats.layout import COMMIT_FILE, METADATA_FILE, OWNER_FILE
 
     mode = "commit_file" if how == "commit_file_removed" else "rename"
     ck = AsyncCheckpointer(tmp_path)

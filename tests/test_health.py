@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from nbckpt.engine import health
-from nbckpt.engine.sync import InProcessClient
+from nbckpt.engine.sync import health
+from nbckpt.engine.sync.barriers import InProcessClient
 from nbckpt.errors import PeerDeadError
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nbckpt.engine import hostshare
-from nbckpt.engine.hostshare import HostRegion, slab_rows
+from nbckpt.engine.restore import hostshare
+from nbckpt.engine.restore.hostshare import HostRegion, slab_rows
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 7, 8, 64, 1000])

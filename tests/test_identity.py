@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 
 from nbckpt.engine import AsyncCheckpointer, hooks
-from nbckpt.engine.restore import restore_step
-from nbckpt.engine.tree import flatten
+from nbckpt.engine.arrays.tree import flatten
+from nbckpt.engine.restore.step import restore_step
 from nbckpt.errors import CheckpointError
-from nbckpt.fsck import fsck
-from nbckpt.layout import step_dir
+from nbckpt.formats.fsck import fsck
+from nbckpt.formats.layout import step_dir
 
 T = "tests.mh_identity"
 REPO = Path(__file__).resolve().parent.parent
@@ -94,7 +94,7 @@ def test_a_step_saved_from_big_endian_arrays_before_the_fix_still_restores(
     """Such a step stored native values but recorded the checksums of swapped bytes."""
     import json
 
-    from nbckpt.checksum import ALGORITHM_KEY, checksum
+    from nbckpt.formats.checksum import ALGORITHM_KEY, checksum
 
     values = np.arange(6, dtype=np.int32)
     _save(tmp_path, 1, {"i": values})
@@ -160,7 +160,7 @@ def test_empty_nodes_come_back_where_they_were_without_a_target(tmp_path: Path) 
 def test_an_old_step_without_empty_records_keeps_index_positions(tmp_path: Path) -> None:
     import json
 
-    from nbckpt.layout import METADATA_FILE
+    from nbckpt.formats.layout import METADATA_FILE
 
     _save(tmp_path, 1, {"l": [np.arange(2), None, np.arange(3)]})
     meta_file = tmp_path / "1" / METADATA_FILE

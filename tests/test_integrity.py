@@ -11,13 +11,14 @@ import jax
 import numpy as np
 import pytest
 
-from nbckpt import checksum
-from nbckpt.engine import AsyncCheckpointer, hooks, snapshot
-from nbckpt.engine.restore import restore_step
-from nbckpt.engine.storage import chunk_shape
+from nbckpt.engine import AsyncCheckpointer, hooks
+from nbckpt.engine.arrays.zarr import chunk_shape
+from nbckpt.engine.restore.step import restore_step
+from nbckpt.engine.save import snapshot
 from nbckpt.errors import CorruptCheckpointError
-from nbckpt.fsck import verify_step
-from nbckpt.layout import CHECKSUMS_DIR, all_steps
+from nbckpt.formats import checksum
+from nbckpt.formats.fsck import verify_step
+from nbckpt.formats.layout import CHECKSUMS_DIR, all_steps
 
 T = "tests.test_integrity"
 

@@ -1,4 +1,4 @@
-"""The classification of a root's entries (nbckpt.inventory), on prepared directories."""
+"""The classification of a root's entries (nbckpt.formats.inventory), on prepared directories."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from nbckpt.inventory import classify, find_save_op
-from nbckpt.layout import DELETING_SUFFIX
+from nbckpt.formats.inventory import classify, find_save_op
+from nbckpt.formats.layout import DELETING_SUFFIX
 from tests.ckpt_fixtures import journal, write_step, write_tmp
 
 
@@ -101,6 +101,8 @@ def test_symlinked_entries_are_not_followed(tmp_path: Path) -> None:
 
 
 def test_inventory_does_not_import_jax() -> None:
-    code = "import nbckpt.inventory, sys; print('jax' in sys.modules, 'tornado' in sys.modules)"
+    code = (
+        "import nbckpt.formats.inventory, sys;print('jax' in sys.modules, 'tornado' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]

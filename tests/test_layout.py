@@ -1,6 +1,6 @@
 import json
 
-from nbckpt.layout import (
+from nbckpt.formats.layout import (
     COMMIT_FILE,
     METADATA_FILE,
     all_steps,

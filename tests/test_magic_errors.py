@@ -12,8 +12,8 @@ import time
 import psutil
 import pytest
 
-from nbckpt.client import SaveHandle
 from nbckpt.errors import ClusterError, StepNotFoundError
+from nbckpt.session.client import SaveHandle
 
 STATE = "import numpy as np\nstate = {'w': np.arange(8.0), 'lr': 0.5}"
 

@@ -21,9 +21,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from IPython.core.error import UsageError
 
-from nbckpt import _magic_args as a
-from nbckpt._magic_rollback import ROLLBACK, parse_rollback_args
-from nbckpt.magics import NbckptMagics
+from nbckpt.magics import args as a
+from nbckpt.magics.commands import NbckptMagics
+from nbckpt.magics.rollback import ROLLBACK, parse_rollback_args
 from nbckpt.protocol import (
     DEFAULT_BARRIER_TIMEOUT_S,
     DEFAULT_SAVE_TIMEOUT_S,

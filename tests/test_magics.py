@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from IPython.core.error import UsageError
 
-from nbckpt.client import SaveFailedError
-from nbckpt.cluster import JaxCluster, connection_files
 from nbckpt.errors import ClusterError
-from nbckpt.magics import NbckptMagics
+from nbckpt.magics.commands import NbckptMagics
+from nbckpt.session.client import SaveFailedError
+from nbckpt.session.cluster import JaxCluster, connection_files
 
 BUILD = """
 import jax, numpy as np
@@ -181,7 +181,7 @@ def test_engines_import_jax_while_they_start_not_at_the_join(cluster):
     # imported before), without error, and the join found jax imported already, so it
     # did not start those imports itself.
     mine = cluster["magics"].cluster
-    reports = mine.apply("nbckpt.cluster:preload_report", what="preload report")
+    reports = mine.apply("nbckpt.session.cluster:preload_report", what="preload report")
     assert len(reports) == 2
     for report in reports:
         assert report["started"] and report["error"] is None, report
@@ -241,7 +241,7 @@ def _clear_hooks():
 def test_retention_and_metrics_from_the_notebook(ip, cluster, capsys):
     import json
 
-    from nbckpt.magics import get_client
+    from nbckpt.magics.commands import get_client
 
     root = Path(cluster["root"]) / "kept"
     ip.run_line_magic("ckpt_retention", f"--dir {root}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from nbckpt.journal import read_operation
-from nbckpt.monitor import JournalTailer, view_state
+from nbckpt.views.monitor import JournalTailer, view_state
 from tests.journal_scripts import MB, SAVE, T0, failing_save, write_script
 
 

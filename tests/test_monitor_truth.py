@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nbckpt.client import SaveHandle
 from nbckpt.journal import read_operation
-from nbckpt.monitor import JournalTailer, settled, view_state
 from nbckpt.protocol import PHASES, Phase, Status, as_json
 from nbckpt.server.manager import CheckpointManager
+from nbckpt.session.client import SaveHandle
+from nbckpt.views.monitor import JournalTailer, settled, view_state
 from nbckpt.widgets import watch
 from nbckpt.widgets.live import LiveUpdater
 from nbckpt.widgets.progress import rows_from_view, title_of
@@ -212,7 +212,7 @@ def test_in_a_real_kernel_the_handle_out_is_updated_when_the_save_commits(tmp_pa
     try:
         shown = kc.execute_interactive(
             f"import sys; sys.path.insert(0, {str(repo)!r})\n"
-            "from nbckpt.client import SaveHandle\n"
+            "from nbckpt.session.client import SaveHandle\n"
             f"SaveHandle(op='op', step=7, root={str(tmp_path)!r}, blocked_s=[0.0], client=None)",
             timeout=60,
             output_hook=lambda m: outputs.append(m),
@@ -242,7 +242,7 @@ def test_in_a_real_kernel_the_handle_out_is_updated_when_the_save_commits(tmp_pa
 
 
 def test_progress_reports_every_eighth_however_fast():
-    from nbckpt.engine.writer import ProgressReport
+    from nbckpt.engine.save.writer import ProgressReport
 
     seen: list[int] = []
     report = ProgressReport(seen.append, 16 * MB, interval_s=3600)

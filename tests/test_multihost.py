@@ -12,9 +12,9 @@ import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy)
 import numpy as np
 import pytest
 
-from nbckpt.engine import hostshare
+from nbckpt.engine.restore import hostshare
+from nbckpt.formats.layout import COMMIT_FILE, METADATA_FILE, all_steps, latest_step
 from nbckpt.journal import read_operation
-from nbckpt.layout import COMMIT_FILE, METADATA_FILE, all_steps, latest_step
 
 pytestmark = pytest.mark.multihost
 T = "tests.mh_tasks"

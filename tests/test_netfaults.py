@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
+from nbckpt.formats.layout import all_steps
 from nbckpt.journal import read_operation
-from nbckpt.layout import all_steps
 from nbckpt.procgroup import ProcessGroup
 from nbckpt.protocol import Barrier, Status, barrier_phase
 from tests.conftest import _ENV

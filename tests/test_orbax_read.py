@@ -19,13 +19,13 @@ import orbax.checkpoint as ocp
 import pytest
 
 from nbckpt.engine import AsyncCheckpointer
-from nbckpt.engine.restore import restore_step
+from nbckpt.engine.restore.step import restore_step
 from nbckpt.errors import CorruptCheckpointError, ForeignEntryError, StepExistsError
 from nbckpt.formats import orbax
+from nbckpt.formats.fsck import ORBAX_NOT_VERIFIED, fsck
+from nbckpt.formats.inventory import classify, list_steps
+from nbckpt.formats.layout import all_steps, entry_state, is_complete, latest_step, step_format
 from nbckpt.formats.orbax_names import CHECKPOINT_METADATA, COMMIT_SUCCESS, TREE_METADATA
-from nbckpt.fsck import ORBAX_NOT_VERIFIED, fsck
-from nbckpt.inventory import classify, list_steps
-from nbckpt.layout import all_steps, entry_state, is_complete, latest_step, step_format
 from nbckpt.server.manager import CheckpointManager
 
 M = "tests.mh_orbax"
@@ -496,7 +496,8 @@ def test_nothing_here_imports_jax_on_the_notebook_side() -> None:
     import sys
 
     code = (
-        "import sys, nbckpt.formats.orbax, nbckpt.layout, nbckpt.inventory, nbckpt.fsck;"
+        "import sys, nbckpt.formats.orbax, nbckpt.formats.layout, nbckpt.formats.inventory,"
+        " nbckpt.formats.fsck;"
         "print(sorted(m for m in ('jax', 'tensorstore') if m in sys.modules))"
     )
     out = subprocess.run(

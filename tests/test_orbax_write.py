@@ -17,12 +17,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from nbckpt import checksum
-from nbckpt.engine.writer import chunk_key, chunk_regions
-from nbckpt.formats import orbax_write
+from nbckpt.engine.save.writer import chunk_key, chunk_regions
+from nbckpt.formats import checksum, orbax_write
+from nbckpt.formats.layout import CHECKSUMS_DIR, COMMIT_FILE, FORMAT, METADATA_FILE, all_steps
 from nbckpt.formats.orbax_names import OCDBT_MANIFEST, SHARDING, TREE_METADATA
 from nbckpt.journal import read_operation
-from nbckpt.layout import CHECKSUMS_DIR, COMMIT_FILE, FORMAT, METADATA_FILE, all_steps
 
 T = "tests.mh_orbax_write"
 OCDBT_DIRS = [f"ocdbt.process_{i}" for i in range(4)]
@@ -207,7 +206,7 @@ def test_orbax_format_journal_and_bytes(saved):
 def _open_orbax_array(step: Path, name: str) -> Any:
     import tensorstore as ts
 
-    from nbckpt.engine.ocdbt_writer import kvstore_spec, new_context
+    from nbckpt.engine.arrays.ocdbt_writer import kvstore_spec, new_context
 
     spec = {
         "driver": "zarr3",
@@ -303,7 +302,7 @@ def test_orbax_checkpoint_manager_lists_but_cannot_restore(group2, saved):
 
 
 def test_orbax_readable_names_match_leaf_names():
-    from nbckpt.engine.tree import flatten
+    from nbckpt.engine.arrays.tree import flatten
 
     leaves = flatten({"params": {"w": 1.0}, "layers": [2, {"k-1_x": 3}], "a.b": 4, "é": 5})
     readable = {

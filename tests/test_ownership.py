@@ -22,7 +22,7 @@ import pytest
 
 from nbckpt.engine import AsyncCheckpointer
 from nbckpt.errors import StepBusyError
-from nbckpt.layout import OWNER_FILE, all_steps, read_metadata
+from nbckpt.formats.layout import OWNER_FILE, all_steps, read_metadata
 from tests.mh_owner import values
 
 T = "tests.mh_owner"

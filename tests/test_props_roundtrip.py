@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from nbckpt.engine import AsyncCheckpointer
-from nbckpt.layout import all_steps
+from nbckpt.formats.layout import all_steps
 from nbckpt.procgroup import ProcessGroup
 from tests.mh_props import (
     SPECS,

@@ -11,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from IPython.core.error import UsageError
 
-from nbckpt import _magic_args as a
 from nbckpt.engine import AsyncCheckpointer
-from nbckpt.layout import all_steps, remove_aside, step_dir
-from nbckpt.retention import RetentionPolicy, StepRecord, check_metrics, should_save
+from nbckpt.formats.layout import all_steps, remove_aside, step_dir
+from nbckpt.formats.retention import RetentionPolicy, StepRecord, check_metrics, should_save
+from nbckpt.magics import args as a
 
 
 def _recs(losses: dict[int, float | None]) -> list[StepRecord]:
@@ -218,7 +218,7 @@ def test_a_rollback_is_refused_until_the_newer_steps_are_pruned(tmp_path):
 
 
 def test_retention_never_removes_the_step_just_committed(tmp_path):
-    from nbckpt.engine.retention import apply_retention
+    from nbckpt.engine.save.prune import apply_retention
 
     ckptr = AsyncCheckpointer(tmp_path)
     for step in (1, 2, 3):

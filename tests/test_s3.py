@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nbckpt import inventory, storage
+from nbckpt import storage
 from nbckpt.engine import AsyncCheckpointer, hooks
 from nbckpt.errors import (
     CheckpointError,
@@ -24,9 +24,10 @@ from nbckpt.errors import (
     RenameUnavailableError,
     StorageURLError,
 )
-from nbckpt.fsck import fsck
+from nbckpt.formats import inventory
+from nbckpt.formats.fsck import fsck
+from nbckpt.formats.layout import COMMIT_FILE, METADATA_FILE, all_steps, entry_state, latest_step
 from nbckpt.journal import list_operations, read_operation
-from nbckpt.layout import COMMIT_FILE, METADATA_FILE, all_steps, entry_state, latest_step
 from nbckpt.procgroup import ProcessGroup
 from nbckpt.protocol import PHASES
 from nbckpt.storage import S3Path

@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
-from nbckpt.cluster import JaxCluster, clusters_dir
 from nbckpt.journal import JournalWriter
 from nbckpt.protocol import barrier_op_id, new_op_id
 from nbckpt.server.manager import CheckpointManager, ForbiddenPathError
 from nbckpt.server.roots import is_root, running_clusters, scan
+from nbckpt.session.cluster import JaxCluster, clusters_dir
 from tests.ckpt_fixtures import api_get, journal, write_step, write_tmp
 
 OP_OLD = "20260101T000000.000001-save-10"

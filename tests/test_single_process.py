@@ -15,8 +15,8 @@ from nbckpt.errors import (
     StepExistsError,
     StepNotFoundError,
 )
+from nbckpt.formats.layout import COMMIT_FILE, METADATA_FILE
 from nbckpt.journal import list_operations, read_operation
-from nbckpt.layout import COMMIT_FILE, METADATA_FILE
 
 
 @pytest.fixture(autouse=True)

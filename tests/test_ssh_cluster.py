@@ -17,11 +17,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from nbckpt import reads
-from nbckpt.client import SaveFailedError
-from nbckpt.cluster import JaxCluster
 from nbckpt.errors import ClusterError
-from nbckpt.layout import all_steps
+from nbckpt.formats.layout import all_steps
+from nbckpt.session import reads
+from nbckpt.session.client import SaveFailedError
+from nbckpt.session.cluster import JaxCluster
 from tests.sshhosts import HOST_STORAGE, SSHHosts
 from tests.sshhosts import unavailable as no_sshd
 from tests.testhosts import TestHosts, unavailable
@@ -93,7 +93,7 @@ def test_ssh_start_on_three_hosts_save_then_restore_on_two(ip, hosts, tmp_path, 
         assert f"cluster id {cluster.cluster_id}" in out
         assert cluster.engine_hosts == ["h0", "h1", "h2"]
         # The engines ssh started imported jax while they started, before the join.
-        early = cluster.apply("nbckpt.cluster:preload_report", what="preload report")
+        early = cluster.apply("nbckpt.session.cluster:preload_report", what="preload report")
         assert all(r.get("jax_before") is False and r.get("jax_at_join") for r in early), early
         # The controller listens where the hosts reach it, and only there; process 0's
         # coordination service binds host 0's address, not every interface.

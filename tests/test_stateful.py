@@ -22,11 +22,11 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from nbckpt.engine import AsyncCheckpointer, hooks
 from nbckpt.errors import CheckpointError, RollbackRefusedError, StepExistsError
-from nbckpt.fsck import fsck
-from nbckpt.inventory import classify
-from nbckpt.layout import all_steps, parse_step
+from nbckpt.formats.fsck import fsck
+from nbckpt.formats.inventory import classify
+from nbckpt.formats.layout import all_steps, parse_step
+from nbckpt.formats.retention import RetentionPolicy, StepRecord
 from nbckpt.protocol import PHASES
-from nbckpt.retention import RetentionPolicy, StepRecord
 
 STEPS = st.integers(min_value=0, max_value=8)
 SEEDS = st.integers(min_value=0, max_value=1000)
@@ -286,7 +286,7 @@ class TwoProcesses(OneRoot):
     """The same machine over a two-process job (every call made on both processes).
 
     A crash at ``write`` on one process makes the other give up with chunk writes in
-    flight; :func:`nbckpt.engine.writer.write_shards` settles them before it raises,
+    flight; :func:`nbckpt.engine.save.writer.write_shards` settles them before it raises,
     so none lands in the next save's claim of that step (this machine found that).
     """
 

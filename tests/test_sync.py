@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from nbckpt.engine.sync import InProcessClient, Synchronizer
+from nbckpt.engine.sync.barriers import InProcessClient, Synchronizer
 from nbckpt.errors import BarrierTimeoutError, PeerDeadError, PeerFailedError
 
 

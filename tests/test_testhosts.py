@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from nbckpt.layout import all_steps
+from nbckpt.formats.layout import all_steps
 from nbckpt.procgroup import ProcessGroup
 from tests.conftest import _ENV
 from tests.testhosts import NETNS_ETC, TestHosts, unavailable
@@ -97,7 +97,7 @@ def test_a_host_name_mapped_to_loopback_still_runs_cross_host_collectives():
 
 
 def test_loopback_detection_leaves_single_host_jobs_alone():
-    from nbckpt.engine.process import loopback_name, route_address
+    from nbckpt.engine.sync.process import loopback_name, route_address
 
     assert loopback_name("127.0.0.1:1234") is None  # the whole job is on this host
     assert route_address("127.0.0.1:1234") == "127.0.0.1"

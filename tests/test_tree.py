@@ -4,7 +4,7 @@ import jax
 import numpy as np
 import pytest
 
-from nbckpt.engine.tree import EMPTY, flatten, leaf_name, unflatten_paths
+from nbckpt.engine.arrays.tree import EMPTY, flatten, leaf_name, unflatten_paths
 
 
 class Pair(NamedTuple):

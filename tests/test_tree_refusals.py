@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nbckpt.engine import AsyncCheckpointer
-from nbckpt.engine.tree import (
+from nbckpt.engine.arrays.tree import (
     EMPTY,
     NAME_MAX,
     RESERVED_NAMES,
@@ -23,7 +23,7 @@ from nbckpt.engine.tree import (
     leaf_name,
     legacy_leaf_name,
 )
-from nbckpt.layout import METADATA_FILE
+from nbckpt.formats.layout import METADATA_FILE
 
 
 def _listing(root: Path) -> list[str]:

@@ -11,9 +11,9 @@ import pytest
 
 from nbckpt.engine import AsyncCheckpointer
 from nbckpt.errors import CommitRefusedError, ForeignEntryError, StepExistsError
-from nbckpt.fsck import fsck
-from nbckpt.inventory import classify
-from nbckpt.layout import METADATA_FILE, all_steps, entry_state, parse_step, read_metadata
+from nbckpt.formats.fsck import fsck
+from nbckpt.formats.inventory import classify
+from nbckpt.formats.layout import METADATA_FILE, all_steps, entry_state, parse_step, read_metadata
 from nbckpt.protocol import PHASES
 
 T = "tests.mh_tasks"

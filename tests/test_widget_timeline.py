@@ -11,8 +11,8 @@ import threading
 import time
 
 from nbckpt.journal import read_operation
-from nbckpt.monitor import view_state
 from nbckpt.protocol import as_json
+from nbckpt.views.monitor import view_state
 from nbckpt.widgets import ProgressWidget, progress, watch
 from tests.journal_scripts import SAVE, failing_save, write_script
 

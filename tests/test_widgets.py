@@ -11,7 +11,7 @@ import pytest
 from tornado.ioloop import IOLoop
 
 from nbckpt.journal import read_operation
-from nbckpt.monitor import JournalTailer
+from nbckpt.views.monitor import JournalTailer
 from nbckpt.widgets import ProgressWidget, TextProgress, plot_timeline, watch
 from nbckpt.widgets.live import LiveUpdater
 from nbckpt.widgets.text import render_text
@@ -237,7 +237,7 @@ def test_show_and_timeline_magics_read_a_journal_without_any_cluster(tmp_path, c
     from IPython.core.interactiveshell import InteractiveShell
     from matplotlib.figure import Figure
 
-    from nbckpt.magics import NbckptMagics
+    from nbckpt.magics.commands import NbckptMagics
 
     magics = NbckptMagics(InteractiveShell.instance())  # as after a kernel restart
     write_script(tmp_path, "20261121T000001-save-7", failing_save())

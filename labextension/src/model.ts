@@ -3,7 +3,7 @@ import { ISignal, Signal } from '@lumino/signaling';
 import { IProtocol, loadProtocol } from './protocol';
 import { requestAPI } from './request';
 
-/** The state of one entry of a checkpoint root (see nbckpt/inventory.py). */
+/** The state of one entry of a checkpoint root (see nbckpt/formats/inventory.py). */
 export type EntryState = 'complete' | 'in_progress' | 'abandoned' | 'corrupt';
 
 /** One entry of a checkpoint root, as `GET nbckpt/api/checkpoints` returns it. */

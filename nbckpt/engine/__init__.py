@@ -8,14 +8,14 @@ It never imports IPython, widgets or ipyparallel.
 """
 
 from nbckpt.engine.checkpointer import AsyncCheckpointer, CheckpointerOptions
-from nbckpt.engine.sync import (
+from nbckpt.engine.sync.barriers import (
     CoordinationServiceClient,
     InProcessClient,
     SignalingClient,
     Synchronizer,
     default_client,
 )
-from nbckpt.layout import all_steps, latest_step
+from nbckpt.formats.layout import all_steps, latest_step
 
 __all__ = [
     "AsyncCheckpointer",

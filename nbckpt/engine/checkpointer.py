@@ -11,24 +11,26 @@ from pathlib import Path
 from typing import Any
 
 from nbckpt import storage
-from nbckpt.engine import health, hooks
-from nbckpt.engine import restore as _restore
-from nbckpt.engine.advice import reason as _reason
-from nbckpt.engine.agreement import save_plan
-from nbckpt.engine.array_format import format_for
-from nbckpt.engine.background import SaveJob, cut_off, fail
-from nbckpt.engine.commit import strategy_for
-from nbckpt.engine.exchange import JobReads
+from nbckpt.engine import hooks
+from nbckpt.engine.arrays.array_format import format_for
+from nbckpt.engine.arrays.tree import flatten
 from nbckpt.engine.options import CheckpointerOptions
 from nbckpt.engine.options import check_step as _check_step
-from nbckpt.engine.preflight import Preflight
-from nbckpt.engine.retention import prune_everywhere
-from nbckpt.engine.snapshot import take_snapshot
-from nbckpt.engine.sync import SignalingClient, Synchronizer, default_client
-from nbckpt.engine.tree import flatten
+from nbckpt.engine.restore import step as _restore
+from nbckpt.engine.restore.exchange import JobReads
+from nbckpt.engine.save.advice import reason as _reason
+from nbckpt.engine.save.agreement import save_plan
+from nbckpt.engine.save.background import SaveJob, cut_off, fail
+from nbckpt.engine.save.commit import strategy_for
+from nbckpt.engine.save.preflight import Preflight
+from nbckpt.engine.save.prune import prune_everywhere
+from nbckpt.engine.save.snapshot import take_snapshot
+from nbckpt.engine.sync import health
+from nbckpt.engine.sync.barriers import SignalingClient, Synchronizer, default_client
 from nbckpt.errors import CheckpointError, NbckptError
+from nbckpt.formats.layout import all_steps, is_complete, step_dir
+from nbckpt.formats.retention import BestMode, RetentionPolicy, check_metrics, should_save
 from nbckpt.journal import JournalWriter
-from nbckpt.layout import all_steps, is_complete, step_dir
 from nbckpt.protocol import (
     DEFAULT_SAVE_TIMEOUT_S,
     READ_BARRIER,
@@ -39,7 +41,6 @@ from nbckpt.protocol import (
     Phase,
     check_timeout,
 )
-from nbckpt.retention import BestMode, RetentionPolicy, check_metrics, should_save
 from nbckpt.storage import Location
 
 __all__ = ["AsyncCheckpointer", "CheckpointerOptions"]
@@ -65,7 +66,7 @@ class AsyncCheckpointer:
         defaults that each call may override.
     max_to_keep, keep_period, best_n, best_metric, best_mode, save_interval_steps
         The retention policy, as Orbax's ``CheckpointManagerOptions`` names it (see
-        :class:`~nbckpt.retention.RetentionPolicy`); :meth:`set_retention` changes it.
+        :class:`~nbckpt.formats.retention.RetentionPolicy`); :meth:`set_retention` changes it.
     client
         The key-value client used for barriers; by default the coordination service
         of ``jax.distributed``, or an in-process one for a single process.

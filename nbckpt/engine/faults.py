@@ -73,7 +73,7 @@ def slow_io(factor: float) -> str:
     """Make this process's writes ``factor`` times slower (1 restores full speed).
 
     The writer then writes its chunks one at a time and, after each, sleeps ``factor
-    - 1`` times as long as the chunk took (:func:`nbckpt.engine.writer.write_shards`);
+    - 1`` times as long as the chunk took (:func:`nbckpt.engine.save.writer.write_shards`);
     the save's ``write_started`` event records ``fault: "slow-io x<factor>"``.
     """
     if not math.isfinite(factor) or factor < 1:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from nbckpt.formats.retention import RetentionPolicy
 from nbckpt.protocol import DEFAULT_SAVE_TIMEOUT_S, RENAME, Mode
-from nbckpt.retention import RetentionPolicy
 
 __all__ = ["CheckpointerOptions", "check_step"]
 
@@ -29,7 +29,7 @@ class CheckpointerOptions:
         Deadline of every barrier and agreement, in seconds.
     retention
         Which complete steps the primary keeps after each commit (see
-        :class:`~nbckpt.retention.RetentionPolicy`); the default keeps all.
+        :class:`~nbckpt.formats.retention.RetentionPolicy`); the default keeps all.
     format
         How the arrays are stored: None or ``"nbckpt"``, nbckpt's own layout (an
         uncompressed zarr v2 array per leaf); ``"orbax"``, Orbax's OCDBT layout (zarr

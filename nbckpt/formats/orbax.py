@@ -98,10 +98,10 @@ __all__ = [
 #: A directory or file to read: a local path, a URL or a location.
 _Where = str | os.PathLike[str] | storage.Location
 
-#: What :func:`nbckpt.layout.step_format` calls a directory Orbax wrote.
+#: What :func:`nbckpt.formats.layout.step_format` calls a directory Orbax wrote.
 KIND = "orbax"
 
-#: One step of a leaf's path, as :data:`nbckpt.engine.tree.PathEntry` (repeated here
+#: One step of a leaf's path, as :data:`nbckpt.engine.arrays.tree.PathEntry` (repeated here
 #: because that module needs jax).
 PathEntry = tuple[str, "str | int"]
 
@@ -410,7 +410,7 @@ def recognise(path: _Where) -> bool:
     tree metadata; a ``commit_success.txt`` in Orbax's words; or a subdirectory (an
     item) holding Orbax's ``_CHECKPOINT_METADATA`` or tree metadata. Whether it is
     complete is :func:`is_complete`'s question; nbckpt's own records are not looked
-    for here (:func:`nbckpt.layout.step_format` asks about them first). On an object
+    for here (:func:`nbckpt.formats.layout.step_format` asks about them first). On an object
     store, a prefix with none of these (or no objects at all) is not Orbax's.
     """
     p = storage.location(path)

@@ -16,7 +16,7 @@ Every nbckpt step carries, besides its own ``_NBCKPT_METADATA``, what Orbax's
 
 Orbax finds a leaf's array under the leaf's key names joined by ``.``, unescaped;
 nbckpt percent-encodes every character of a key other than ASCII letters, digits,
-``_`` and ``-`` (:func:`nbckpt.engine.tree.leaf_name`). Orbax therefore restores the
+``_`` and ``-`` (:func:`nbckpt.engine.arrays.tree.leaf_name`). Orbax therefore restores the
 leaves whose keys use only those characters; :func:`orbax_readable` tells which.
 Python numbers are also stored as 0-d arrays (Orbax reads scalars from arrays);
 :func:`scalar_array_dtype` gives their dtype, the one NumPy (and Orbax) gives them.

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from nbckpt import storage
-from nbckpt.layout import Where, ops_dir
+from nbckpt.formats.layout import Where, ops_dir
 from nbckpt.protocol import (
     BARRIER_PREFIX,
     END_EVENT,

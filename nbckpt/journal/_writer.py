@@ -19,7 +19,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from nbckpt.layout import Where, ops_dir
+from nbckpt.formats.layout import Where, ops_dir
 from nbckpt.protocol import Event
 from nbckpt.storage import ObjectPath
 

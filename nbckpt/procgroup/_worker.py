@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> None:
     conn = Connection(args.fd)
     try:
         # Imported inside the try, so that an import error reaches the parent too.
-        from nbckpt.engine import process
+        from nbckpt.engine.sync import process
 
         address = f"{args.coordinator_host}:{args.port}"
         process.initialize(

@@ -2,7 +2,7 @@
 
 :class:`CheckpointManager` resolves a root given relative to the server's root
 directory, refuses anything that would leave it, and returns JSON-able data built from
-:mod:`nbckpt.inventory` and :mod:`nbckpt.journal`, and the protocol's names from
+:mod:`nbckpt.formats.inventory` and :mod:`nbckpt.journal`, and the protocol's names from
 :mod:`nbckpt.protocol`. The handlers only translate HTTP.
 
 A root may be given relative to the server's root or as an absolute path under it (what
@@ -27,9 +27,9 @@ from typing import Any
 
 from nbckpt import storage
 from nbckpt.errors import StorageError, StorageURLError
-from nbckpt.inventory import classify
+from nbckpt.formats.inventory import classify
+from nbckpt.formats.layout import ops_dir
 from nbckpt.journal import list_operations, read_operation
-from nbckpt.layout import ops_dir
 from nbckpt.protocol import Kind, Status, as_json, parse_op_id
 from nbckpt.server.roots import ClusterRecord, running_clusters, scan
 from nbckpt.storage import Location
@@ -105,10 +105,10 @@ class CheckpointManager:
         The server's root directory. Every root is relative to it (or an absolute path
         under it), and no root may resolve (after following symlinks) outside it.
     stale_after_s
-        Passed to :func:`nbckpt.inventory.classify`.
+        Passed to :func:`nbckpt.formats.inventory.classify`.
     clusters_dir
         Where running clusters register their roots (default:
-        :func:`nbckpt.cluster.clusters_dir`, read at each request).
+        :func:`nbckpt.session.cluster.clusters_dir`, read at each request).
     scan_depth, scan_budget_s
         How deep below ``root_dir``, and for how long, :meth:`roots` looks for roots.
     """
@@ -221,14 +221,14 @@ class CheckpointManager:
     def checkpoints(self, root: str | None) -> dict[str, Any]:
         """List every step-like entry of ``root`` with its state.
 
-        Entries that are symlinks are not followed (see :func:`nbckpt.inventory.classify`).
+        Entries that are symlinks are not followed (see :func:`nbckpt.formats.inventory.classify`).
         A journal symlinked outside the root directory is refused.
 
         Returns
         -------
         dict
             ``root`` (relative), ``time`` (server time), ``entries`` (one dict per
-            entry, see :class:`nbckpt.inventory.Entry`) and ``counts`` per state.
+            entry, see :class:`nbckpt.formats.inventory.Entry`) and ``counts`` per state.
         """
         real = self.resolve(root)
         self._journal_of(real)

@@ -3,7 +3,7 @@
 Two sources, neither of which needs Tornado:
 
 - :func:`running_clusters`: the records that ``%ckpt_cluster start --dir D`` writes into
-  the Jupyter runtime folder (:meth:`nbckpt.cluster.JaxCluster.register_root`). The
+  the Jupyter runtime folder (:meth:`nbckpt.session.cluster.JaxCluster.register_root`). The
   server shares that folder with the kernels it runs, so these are the roots the
   notebooks use now. A record whose process is gone, or that another machine wrote
   into a shared runtime folder, is ignored.
@@ -23,9 +23,9 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-from nbckpt.cluster import clusters_dir
-from nbckpt.layout import STATE_DIR, TMP_SUFFIX, parse_step, step_format
+from nbckpt.formats.layout import STATE_DIR, TMP_SUFFIX, parse_step, step_format
 from nbckpt.netaddr import pid_alive
+from nbckpt.session.cluster import clusters_dir
 
 __all__ = [
     "SKIPPED_DIRS",
@@ -93,7 +93,7 @@ def running_clusters(folder: Path | None = None) -> list[ClusterRecord]:
     Parameters
     ----------
     folder
-        Where the records are (default :func:`nbckpt.cluster.clusters_dir`).
+        Where the records are (default :func:`nbckpt.session.cluster.clusters_dir`).
 
     Returns
     -------
@@ -131,7 +131,7 @@ def is_root(path: Path) -> bool:
 
     It does if it holds nbckpt's state directory (``.nbckpt/``, the journal), a
     ``<step>.nbckpt-tmp`` directory, or a ``<step>`` directory with nbckpt's or Orbax's
-    records in it (:func:`nbckpt.layout.step_format`); only the first few step-named
+    records in it (:func:`nbckpt.formats.layout.step_format`); only the first few step-named
     directories are opened, so a folder of plain numbered directories costs little.
     Symlinks are not followed.
     """

@@ -99,7 +99,7 @@ class LiveViews:
             return
         from IPython.display import display
 
-        from nbckpt.monitor import barrier_report_view
+        from nbckpt.views.monitor import barrier_report_view
         from nbckpt.widgets.progress import ProgressWidget
 
         display(ProgressWidget(barrier_report_view(name, key, entered, left)))
@@ -111,7 +111,7 @@ class LiveViews:
 
             self._views[op] = watch(root, op)
             return None
-        from nbckpt.monitor import JournalTailer
+        from nbckpt.views.monitor import JournalTailer
         from nbckpt.widgets.text import render_text
 
         return render_text(JournalTailer(root, op).view())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from nbckpt.monitor import JournalTailer, OperationView, settled
+from nbckpt.views.monitor import JournalTailer, OperationView, settled
 from nbckpt.widgets.live import LiveUpdater
 from nbckpt.widgets.progress import ProgressWidget
 
@@ -25,7 +25,7 @@ def watch(
     root
         The checkpoint root.
     op
-        The operation id (may contain ``*``; see :class:`~nbckpt.monitor.JournalTailer`).
+        The operation id (may contain ``*``; see :class:`~nbckpt.views.monitor.JournalTailer`).
     display
         Display the widget now (in a notebook).
     interval_s
@@ -35,7 +35,7 @@ def watch(
     -------
     ProgressWidget
         Its ``live`` attribute is the :class:`~nbckpt.widgets.live.LiveUpdater`, or None
-        if the operation's view was already settled (:func:`nbckpt.monitor.settled`).
+        if the operation's view was already settled (:func:`nbckpt.views.monitor.settled`).
     """
     tailer = JournalTailer(root, op)
     tailer.poll()

@@ -22,8 +22,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, Self, TypeVar
 
-from nbckpt.monitor import JournalTailer, OperationView, settled
 from nbckpt.protocol import Status
+from nbckpt.views.monitor import JournalTailer, OperationView, settled
 
 __all__ = ["Follower", "LiveUpdater", "Source", "kernel_loop"]
 
@@ -178,14 +178,14 @@ class Follower(Generic[V]):
 
 
 class LiveUpdater(Follower[OperationView]):
-    """Poll a :class:`~nbckpt.monitor.JournalTailer` and apply each new view.
+    """Poll a :class:`~nbckpt.views.monitor.JournalTailer` and apply each new view.
 
     Parameters
     ----------
     tailer
         The journal to follow.
     apply
-        Called with each new :class:`~nbckpt.monitor.OperationView` (e.g. a widget's
+        Called with each new :class:`~nbckpt.views.monitor.OperationView` (e.g. a widget's
         ``update_from``), never twice at once.
     interval_s, loop, busy_after_s
         As for :class:`Follower`.
@@ -199,7 +199,7 @@ class LiveUpdater(Follower[OperationView]):
     Notes
     -----
     The updater follows the journal until the view is settled
-    (:func:`nbckpt.monitor.settled`): the operation is over *and* every process that
+    (:func:`nbckpt.views.monitor.settled`): the operation is over *and* every process that
     recorded anything has reached an end of its own, or is reported dead. The first
     failure is not the end: the other processes give up a moment later and journal
     it (at once for a peer's recorded failure; within the heartbeat's

@@ -17,8 +17,8 @@ import anywidget
 import traitlets
 
 from nbckpt.journal import OperationRecord
-from nbckpt.monitor import OperationView, ProcessView
 from nbckpt.protocol import Kind, Status, as_json
+from nbckpt.views.monitor import OperationView, ProcessView
 from nbckpt.widgets.text import bytes_done, human_bytes, render_text, what_of
 
 if TYPE_CHECKING:

@@ -4,7 +4,7 @@ In real use the training loop saves through the engine API inside ``%%px --noblo
 and the notebook only watches. :class:`RunWatch` follows the root's journal folder:
 it lists the operations (their ids begin with their start time and name their kind,
 so no journal is read to pick the saves), follows each unfinished one with a
-:class:`~nbckpt.monitor.JournalTailer`, and keeps finished ones as they ended.
+:class:`~nbckpt.views.monitor.JournalTailer`, and keeps finished ones as they ended.
 :func:`run_row` sums one operation up; :func:`runs_text` and :func:`runs_html` draw
 the rows. Nothing here needs jax or IPython.
 """
@@ -16,11 +16,12 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from nbckpt import reads, storage
+from nbckpt import storage
 from nbckpt.journal import OperationRecord
-from nbckpt.monitor import JournalTailer
 from nbckpt.protocol import END_STATUSES, Event, Kind, Phase, Status, parse_op_id
+from nbckpt.session import reads
 from nbckpt.storage import Location
+from nbckpt.views.monitor import JournalTailer
 from nbckpt.widgets.text import human_bytes
 
 __all__ = [

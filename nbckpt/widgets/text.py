@@ -10,9 +10,9 @@ from typing import IO, Any
 
 from tqdm import tqdm
 
-from nbckpt import reads
-from nbckpt.monitor import JournalTailer, OperationView, ProcessView, settled
 from nbckpt.protocol import Kind, Status
+from nbckpt.session import reads
+from nbckpt.views.monitor import JournalTailer, OperationView, ProcessView, settled
 
 __all__ = [
     "FollowNew",
@@ -106,7 +106,7 @@ def render_text(view: OperationView, ncols: int = 100) -> str:
 
 
 class TextProgress:
-    """Live tqdm bars, one per process, fed from :class:`~nbckpt.monitor.OperationView`.
+    """Live tqdm bars, one per process, fed from :class:`~nbckpt.views.monitor.OperationView`.
 
     Parameters
     ----------
@@ -182,7 +182,7 @@ class FollowNew:
     """Draw tqdm bars for each new operation of one kind that appears under a root.
 
     A context manager: operations already journaled when it starts are ignored; each
-    new one is followed until its view is settled (:func:`nbckpt.monitor.settled`:
+    new one is followed until its view is settled (:func:`nbckpt.views.monitor.settled`:
     after a failure, until the others have recorded how they gave up, or have been
     silent for ``settle_s``), then the next. On exit it first draws what is left to
     draw.

@@ -20,9 +20,9 @@ from matplotlib.patches import Patch
 from matplotlib.text import Text
 from matplotlib.transforms import Bbox
 
-from nbckpt import reads
 from nbckpt.journal import OperationRecord, PhaseSpan
 from nbckpt.protocol import BARRIER_PREFIX, Event, Kind, Phase, Status
+from nbckpt.session import reads
 from nbckpt.widgets.palette import LIGHT, Palette, ThemeName, lab_theme, palette, role_of
 
 __all__ = ["PHASE_COLORS", "plot_timeline", "plot_timelines"]

@@ -25,10 +25,10 @@ from typing import Any
 
 import pytest
 
-from nbckpt.cluster import JaxCluster
-from nbckpt.layout import TMP_SUFFIX, all_steps
+from nbckpt.formats.layout import TMP_SUFFIX, all_steps
 from nbckpt.procgroup import ProcessGroup
 from nbckpt.protocol import barrier_op_id, new_op_id
+from nbckpt.session.cluster import JaxCluster
 from tests.browser.labserver import ARTIFACTS, REPO, lab_page, run_command, running_lab
 from tests.ckpt_fixtures import journal, write_step
 

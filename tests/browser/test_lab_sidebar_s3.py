@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from nbckpt.engine import AsyncCheckpointer
-from nbckpt.layout import all_steps
-from nbckpt.local_s3 import S3Server
+from nbckpt.formats.layout import all_steps
+from nbckpt.storage.local_s3 import S3Server
 from tests.browser.labserver import ARTIFACTS, lab_page, run_command, running_lab
 
 pytestmark = [pytest.mark.browser, pytest.mark.multihost]

@@ -38,8 +38,8 @@ import nbformat
 import pytest
 
 from nbckpt.journal import read_operation
-from nbckpt.monitor import OperationView, settled, view_state
 from nbckpt.protocol import Kind, Status
+from nbckpt.views.monitor import OperationView, settled, view_state
 from nbckpt.widgets.progress import rows_from_view, title_of
 from tests.browser.labserver import ARTIFACTS, REPO, lab_page, run_command, running_lab
 from tests.browser.screens import DARK_THEME, contrast

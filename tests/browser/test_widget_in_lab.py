@@ -55,7 +55,7 @@ BUSY = 4  # the cell that keeps the kernel busy while the save commits
 SCRIPTED = {"committed": SAVE, "failed": failing_save()}
 SCRIPTED_CELLS = [
     "from nbckpt.journal import read_operation\n"
-    "from nbckpt.monitor import view_state\n"
+    "from nbckpt.views.monitor import view_state\n"
     "from nbckpt.widgets import ProgressWidget\n"
     "\n"
     "def show(op):\n"

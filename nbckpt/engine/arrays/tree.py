@@ -1,0 +1,347 @@
+"""Flatten a pytree into named leaves, and rebuild one from saved leaf paths."""
+
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+
+from nbckpt.engine.arrays.zarr import dtype_supported
+from nbckpt.formats.layout import (
+    CHECKSUMS_DIR,
+    COMMIT_FILE,
+    LEGACY_METADATA_FILE,
+    METADATA_FILE,
+    OWNER_FILE,
+)
+from nbckpt.formats.orbax_names import ARRAY_METADATAS_DIR, SHARDING, TREE_METADATA
+
+__all__ = [
+    "EMPTY",
+    "NAME_MAX",
+    "RESERVED_NAMES",
+    "Leaf",
+    "PathEntry",
+    "flatten",
+    "empty_value",
+    "leaf_name",
+    "legacy_leaf_name",
+    "path_entry",
+    "path_str",
+    "unflatten_paths",
+]
+
+#: The kind of a :class:`Leaf` that stands for an empty node of the tree (``None``, an
+#: empty tuple, list, dict or NamedTuple), which jax's flatten drops: recorded so that a
+#: restore without a target puts it, and every leaf after it, back where it was.
+EMPTY = "empty"
+
+#: One step of a leaf's path: ``("key", k)`` for a mapping key, ``("index", i)`` for a
+#: sequence position, ``("attr", name)`` for an attribute of a registered node.
+PathEntry = tuple[str, "str | int"]
+
+_SCALARS = (bool, int, float, complex)
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """One leaf of a saved tree.
+
+    ``kind`` is ``"jax"`` (a ``jax.Array``), ``"numpy"`` (a NumPy array or NumPy
+    scalar), ``"scalar"`` (a Python bool, int, float or complex), or :data:`EMPTY`
+    (an empty node: ``value`` is ``"none"``, ``"list"`` or ``"dict"``, what a restore
+    without a target puts there). A typed PRNG key array is a ``"jax"`` leaf whose
+    ``value`` is its key data and ``key_impl`` the name of its implementation.
+    """
+
+    name: str
+    path: tuple[PathEntry, ...]
+    kind: str
+    value: Any
+    key_impl: str | None = None
+
+
+def path_entry(key: Any) -> PathEntry:
+    """Convert one jax key-path entry into a JSON-able :data:`PathEntry`."""
+    tu = jax.tree_util
+    if isinstance(key, tu.DictKey):
+        k = key.key
+        if not isinstance(k, str | int):
+            raise TypeError(f"dict key {k!r} is not a str or int; nbckpt cannot name it")
+        return ("key", k)
+    if isinstance(key, tu.SequenceKey):
+        return ("index", key.idx)
+    if isinstance(key, tu.GetAttrKey):
+        return ("attr", key.name)
+    if isinstance(key, tu.FlattenedIndexKey):
+        return ("index", key.key)
+    raise TypeError(f"unsupported pytree key {key!r}")
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_\-]")
+
+#: The longest file name (one path component) common filesystems accept, in bytes.
+NAME_MAX = 255
+
+#: Names a step directory already uses for its own files (``nbckpt.formats.layout``), lower
+#: case: a leaf by one of these names would overwrite them, or be overwritten.
+RESERVED_NAMES = frozenset(
+    n.lower()
+    for n in (
+        METADATA_FILE,
+        LEGACY_METADATA_FILE,
+        CHECKSUMS_DIR,
+        OWNER_FILE,
+        COMMIT_FILE,
+        # Orbax's records, which every step carries too (nbckpt.formats.orbax_write).
+        # Nothing else needs reserving: in Orbax's format (format="orbax") the arrays
+        # are keys in an OCDBT database, never directories beside manifest.ocdbt, d/
+        # and ocdbt.process_<i>/.
+        TREE_METADATA,
+        SHARDING,
+        ARRAY_METADATAS_DIR,
+    )
+)
+
+
+def _encode_utf8(m: re.Match[str]) -> str:
+    return "".join(f"%{b:02X}" for b in m.group().encode("utf-8", "surrogatepass"))
+
+
+def leaf_name(path: tuple[PathEntry, ...]) -> str:
+    """Return the directory name of a leaf: its path entries joined by ``.``.
+
+    Characters other than ASCII letters, digits, ``_`` and ``-`` are percent-encoded
+    as their UTF-8 bytes (``.``, ``%``, ``/`` and NUL included), as in a URL. So the
+    name is one safe path component of ASCII characters that reads like the tree
+    path: never empty, ``.`` or ``..``, never holding ``/`` or NUL; and distinct
+    sequences of keys get distinct names (an empty key becomes ``%``, which no other
+    key does).
+    """
+    if not path:
+        return "_root"
+    return ".".join(_UNSAFE.sub(_encode_utf8, str(v)) or "%" for _, v in path)
+
+
+def legacy_leaf_name(path: tuple[PathEntry, ...]) -> str:
+    """Return the name :func:`leaf_name` gave before it encoded UTF-8 bytes.
+
+    It encoded each code point's number instead (``"%E9"`` for ``é``, ``"%4E2D"`` for
+    ``中``), which two different keys could share; steps saved then still hold such
+    names, and restore looks a target's leaf up by this name when the other misses.
+    The two differ only for keys with non-ASCII characters.
+    """
+    if not path:
+        return "_root"
+    parts = []
+    for _, v in path:
+        s = str(v)
+        parts.append(_UNSAFE.sub(lambda m: f"%{ord(m.group()):02X}", s) or "%")
+    return ".".join(parts)
+
+
+def path_str(path: tuple[PathEntry, ...]) -> str:
+    """Return a leaf's tree path as an error message shows it: ``['opt'][1].mu``."""
+    return "".join(f"[{v!r}]" if k != "attr" else f".{v}" for k, v in path) or "<root>"
+
+
+def _leaf_path(keys: tuple[Any, ...]) -> tuple[PathEntry, ...]:
+    """Convert a jax key path, naming the leaf in the error if a key cannot be named."""
+    path: list[PathEntry] = []
+    for key in keys:
+        try:
+            path.append(path_entry(key))
+        except TypeError as e:
+            where = (path_str(tuple(path)) if path else "") + str(key)
+            raise TypeError(f"leaf {where}: {e}") from None
+    return tuple(path)
+
+
+def _plain_void(dtype: np.dtype[Any]) -> bool:
+    """Tell whether a dtype of kind ``V`` is raw bytes or a record, not an ml_dtypes number.
+
+    ``bfloat16``, ``float8_*`` and ``int4`` (ml_dtypes, what jax's own dtypes are) are of
+    kind ``V`` too, but their scalar type is their own, not ``np.void``.
+    """
+    return dtype.kind == "V" and issubclass(dtype.type, np.void)
+
+
+def _kind(value: Any, where: str) -> str:
+    """Return the kind of a leaf, or raise TypeError if nbckpt cannot store it."""
+    if isinstance(value, jax.Array):
+        if jax.numpy.issubdtype(value.dtype, jax.dtypes.extended):
+            raise TypeError(
+                f"leaf {where} is a jax array of dtype {value.dtype}, which nbckpt cannot "
+                "store; convert it to a numeric array before saving"
+            )
+        kind = "jax"
+    elif isinstance(value, np.ndarray | np.generic):
+        if value.dtype.hasobject or value.dtype.kind in "US" or _plain_void(value.dtype):
+            raise TypeError(
+                f"leaf {where} has dtype {value.dtype}; nbckpt saves numeric and bool arrays only"
+            )
+        kind = "numpy"
+    elif isinstance(value, _SCALARS):
+        return "scalar"
+    else:
+        raise TypeError(
+            f"leaf {where} is a {type(value).__name__}; nbckpt saves jax.Array, numpy "
+            "arrays and Python numbers (convert it, or leave it out of the tree)"
+        )
+    if not dtype_supported(np.dtype(value.dtype)):
+        raise TypeError(
+            f"leaf {where} has dtype {value.dtype}, which a zarr array cannot hold; "
+            "convert it (for example to an integer count) before saving"
+        )
+    return kind
+
+
+def _empty_node(value: Any) -> str | None:
+    """Return what an empty node is restored as (``"none"``, ``"list"``, ``"dict"``), or None.
+
+    None when ``value`` is not an empty node: a leaf, or a node with children.
+    """
+    if value is None:
+        return "none"
+    if isinstance(value, (jax.Array, np.ndarray, np.generic, *_SCALARS)):
+        return None
+    children = jax.tree_util.tree_leaves(value, is_leaf=lambda child: child is not value)
+    if children:
+        return None
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return "dict"  # a NamedTuple: restored as a dict, like one with fields
+    return "list" if isinstance(value, list | tuple) else "dict"
+
+
+def _is_empty(value: Any) -> bool:
+    return _empty_node(value) is not None
+
+
+def flatten(tree: Any) -> list[Leaf]:
+    """Flatten ``tree`` into classified, uniquely named leaves.
+
+    Everything that would make the save fail later, or lose a leaf, is refused here,
+    before anything is written. Empty nodes (``None``, ``()``, ``[]``, ``{}``, an empty
+    NamedTuple) come back as :data:`EMPTY` leaves, so that their positions are kept.
+    A typed PRNG key array becomes a ``"jax"`` leaf of its key data. Every refusal
+    names the leaf's tree path. Keys that are empty, ``.`` or ``..``, or hold ``/`` or
+    NUL are not refused: :func:`leaf_name` percent-encodes them into safe names that no
+    other key gets.
+
+    Raises
+    ------
+    TypeError
+        If a leaf is not a ``jax.Array``, NumPy array or scalar, or a Python number,
+        or has a dtype a zarr array cannot hold (strings, objects, datetimes), or a
+        dict key is not a str or int.
+    ValueError
+        If the tree cannot be flattened (a dict mixes key types), if a leaf's on-disk
+        name is longer than :data:`NAME_MAX` bytes or is one the step directory uses
+        itself (``_NBCKPT_METADATA``, ``_METADATA``, ...), or if two leaves get names that differ
+        at most in letter case: they would be one directory on a case-insensitive
+        filesystem (macOS, Windows, SMB shares), or once the step is copied to one,
+        and one leaf would silently replace the other.
+    """
+    try:
+        flat, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=_is_empty)
+    except (TypeError, ValueError) as e:
+        # jax says only "Comparator raised exception while sorting pytree dictionary keys".
+        raise ValueError(
+            f"cannot flatten the tree ({e}); does a dict mix key types, such as 1 and '1'?"
+        ) from e
+    leaves: list[Leaf] = []
+    seen: dict[str, str] = {}  # lower-cased name -> tree path of the leaf that has it
+    for keys, value in flat:
+        empty = _empty_node(value)
+        if empty is not None:
+            path = _leaf_path(keys)
+            # Nothing is stored for it, so its name needs none of the checks below.
+            leaves.append(Leaf(name=leaf_name(path), path=path, kind=EMPTY, value=empty))
+            continue
+        path = _leaf_path(keys)
+        where = path_str(path)
+        key_impl = None
+        if isinstance(value, jax.Array) and jax.numpy.issubdtype(value.dtype, jax.dtypes.prng_key):
+            # Stored as its key data; restore wraps it again with the same implementation.
+            key_impl = str(jax.random.key_impl(value))
+            value = jax.random.key_data(value)
+        kind = _kind(value, where)
+        name = leaf_name(path)
+        size = len(name)  # ASCII: characters are bytes
+        if size > NAME_MAX:
+            short = where if len(where) <= 100 else where[:97] + "..."
+            raise ValueError(
+                f"leaf {short} would be stored under a name of {size} bytes (its keys "
+                f"joined by '.', non-ASCII characters and punctuation percent-encoded), "
+                f"over the {NAME_MAX}-byte limit of a file name; shorten its keys or nest "
+                "the tree less deeply"
+            )
+        folded = name.lower()
+        if folded in RESERVED_NAMES:
+            raise ValueError(
+                f"leaf {where} would be stored as {name!r}, a name the step directory uses "
+                "for its own records; rename that key"
+            )
+        other = seen.get(folded)
+        if other is not None:
+            same = "the same name" if other == where else "names that differ only in case"
+            raise ValueError(
+                f"leaves {other} and {where} would be stored under {same} ({name!r}): "
+                "one would replace the other on a case-insensitive filesystem; rename one"
+            )
+        seen[folded] = where
+        leaves.append(Leaf(name=name, path=path, kind=kind, value=value, key_impl=key_impl))
+    return leaves
+
+
+#: What a restore without a target puts where an empty node was.
+_EMPTY_VALUES: dict[str, Any] = {"none": None, "list": [], "dict": {}}
+
+
+def empty_value(node: str) -> Any:
+    """Return a fresh value for an :data:`EMPTY` leaf recorded as ``node``.
+
+    Raises
+    ------
+    ValueError
+        If ``node`` is not one this version of nbckpt writes.
+    """
+    if node not in _EMPTY_VALUES:
+        raise ValueError(f"unknown empty node {node!r}; upgrade nbckpt")
+    return copy.copy(_EMPTY_VALUES[node])
+
+
+def unflatten_paths(items: list[tuple[tuple[PathEntry, ...], Any]]) -> Any:
+    """Rebuild nested dicts and lists from ``(path, value)`` pairs.
+
+    Used when restoring without a target: mappings and attributes become dicts,
+    sequences become lists. A position of a sequence that no pair names is ``None``
+    (an empty node of a step saved before empty nodes were recorded): every value
+    stays at its index.
+    """
+    if len(items) == 1 and not items[0][0]:
+        return items[0][1]
+    root: dict[Any, Any] = {}
+    kinds: dict[int, str] = {}
+    for path, value in items:
+        node = root
+        for depth, (kind, key) in enumerate(path):
+            kinds.setdefault(id(node), kind)
+            if depth == len(path) - 1:
+                node[key] = value
+            else:
+                node = node.setdefault(key, {})
+
+    def finish(node: Any) -> Any:
+        if not isinstance(node, dict) or id(node) not in kinds:
+            return node
+        if kinds[id(node)] == "index":
+            size = max(int(k) for k in node) + 1
+            return [finish(node[k]) if k in node else None for k in range(size)]
+        return {k: finish(v) for k, v in node.items()}
+
+    return finish(root)

@@ -1,0 +1,1 @@
+"""A restore: plans, reads of each process's own regions, exchange, checks."""

@@ -1,0 +1,494 @@
+"""The reads of a restore: each process reads only the regions its own devices need.
+
+A :class:`LeafRead` reads one leaf from an :class:`~nbckpt.engine.restore.sources.ArraySource`:
+for each device of this process that holds part of the leaf, the region that device
+needs (or the whole leaf, for a host value). Where checksums were recorded at save time
+(nbckpt's own steps), each region is widened to whole chunks of the saved grid, read
+whole into one buffer, and every chunk in it is checked before any value is used: a
+checksum covers a whole chunk. With the shardings of the save the regions are whole
+chunks already and nothing more is read; a target sharding that cuts chunks reads up to
+one more chunk at each edge of a region, which then is copied out of the checked
+buffer. Without checksums (Orbax's steps) nothing is widened: exactly the region is
+read. :func:`read_all` issues every leaf's reads before it waits for any, and checks
+reads in the order they complete, while the others are still in flight.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+import os
+import queue
+import re
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+import tensorstore as ts
+
+from nbckpt.engine.arrays.tree import path_str
+from nbckpt.engine.restore import hostshare
+from nbckpt.engine.restore.hostshare import HostRegion, slab_rows
+from nbckpt.engine.restore.sources import ArraySource
+from nbckpt.engine.save.writer import ProgressReport, chunk_key, chunk_regions
+from nbckpt.errors import CorruptCheckpointError
+from nbckpt.formats import checksum as _checksum
+
+__all__ = [
+    "Box",
+    "LeafRead",
+    "aligned_empty",
+    "check_x64",
+    "read_all",
+]
+
+#: XLA's CPU client adopts a host buffer without copying it only if it is aligned to
+#: this many bytes; tensorstore's own read buffers are aligned to 16 only.
+_ALIGNMENT = 64
+
+#: Threads that check chunks while others are still being read: enough to keep up with
+#: fast storage (CRC-32C runs at several GB/s per core), few enough to leave the cores
+#: to the processes that share the host.
+_VERIFY_THREADS = max(1, min(4, (os.cpu_count() or 1) // 2))
+
+#: Where a region of a leaf lies: ``(start, stop)`` per dimension.
+Box = tuple[tuple[int, int], ...]
+
+#: tensorstore status codes that mean the stored data is missing or damaged (any other
+#: failure, such as PERMISSION_DENIED, is raised as it is).
+_DAMAGE = ("NOT_FOUND", "FAILED_PRECONDITION", "DATA_LOSS", "OUT_OF_RANGE")
+#: How tensorstore names a chunk in its errors: ``chunk {1, 0} stored at ...``.
+_CHUNK_IN_ERROR = re.compile(r"chunk \{([0-9, ]*)\}")
+#: ... or the file it could not read: ``Error reading local file "<dir>/1.0": ...``.
+_FILE_IN_ERROR = re.compile(r'file "(?:[^"]*/)?([0-9]+(?:\.[0-9]+)*)"')
+
+
+def aligned_empty(shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
+    """Return an uninitialized C-ordered array whose data is ``_ALIGNMENT``-aligned.
+
+    A restore reads each region into such a buffer, so that ``jax.device_put`` on a
+    CPU device takes it as it is instead of copying it once more.
+    """
+    nbytes = math.prod(shape) * dtype.itemsize
+    raw = np.empty(nbytes + _ALIGNMENT, np.uint8)
+    offset = -raw.ctypes.data % _ALIGNMENT
+    return raw[offset : offset + nbytes].view(dtype).reshape(shape)
+
+
+def check_x64(where: str, dtype: np.dtype[Any]) -> None:
+    """Refuse to make a jax array of a 64-bit dtype when jax would truncate it to 32 bits.
+
+    Without ``jax_enable_x64`` jax converts 64-bit values to 32 bits silently; a
+    restore must not lose them. Host values (NumPy) hold 64 bits and are never refused.
+    """
+    canonical = np.dtype(jax.dtypes.canonicalize_dtype(dtype))
+    if canonical != dtype:
+        raise ValueError(
+            f"leaf {where} was saved as {dtype}, and as a jax array it would be truncated "
+            f"to {canonical}: this process runs without jax_enable_x64; enable it "
+            "(jax.config.update('jax_enable_x64', True)) before restoring, restore the leaf "
+            f"as a host value (target ...), or pass a target of dtype {canonical} with "
+            "cast=True"
+        )
+
+
+def _index_key(index: tuple[slice, ...], shape: tuple[int, ...]) -> Box:
+    return tuple(sl.indices(d)[:2] for sl, d in zip(index, shape, strict=True))
+
+
+def _chunk_box(box: Box, shape: Sequence[int], chunks: Sequence[int]) -> Box:
+    """Widen ``box`` to the boundaries of the chunks it touches (clipped to the array)."""
+    return tuple(
+        (a // c * c, min(-(-b // c) * c, d))
+        for (a, b), c, d in zip(box, (max(1, c) for c in chunks), shape, strict=True)
+    )
+
+
+def _call(on_done: Callable[[_Read], None], read: _Read, _future: Any) -> None:
+    on_done(read)
+
+
+@dataclass
+class _Read:
+    """One read: a box of one leaf (chunk-aligned where it is checked), into ``buf``."""
+
+    leaf: LeafRead
+    box: Box
+    buf: np.ndarray
+    future: Any = None
+    #: (rank, holders): this process checks only the chunks of its slab of the read
+    #: (:func:`~nbckpt.engine.restore.hostshare.slab_rows`); the other holders check the rest
+    #: (None: all of them).
+    share: tuple[int, int] | None = None
+    #: The host-shared file this read is this process's slab of, and the whole region
+    #: (``box`` is then only the slab); placed once every holder has passed the barrier.
+    region: HostRegion | None = None
+    whole: Box | None = None
+
+
+class LeafRead:
+    """The reads of one leaf: opened, issued, checked as they complete, then assembled.
+
+    ``__init__`` starts opening the array (unless an opening is given), ``issue``
+    issues the reads, ``check`` checks one finished read, ``place`` puts it on the
+    devices that need it, ``adopt`` places the regions read together with other
+    processes once they all passed the barrier, and ``result`` assembles the leaf. The
+    steps are separate so that a restore opens every leaf, then issues every read,
+    before it waits for any: tensorstore overlaps them all. ``release`` frees what the
+    leaf holds in shared memory; call it whatever happened.
+
+    Parameters
+    ----------
+    source
+        Where the leaf's array is.
+    meta
+        The leaf: ``name``, ``path`` (path entries), ``kind`` (``"jax"``, ``"numpy"``
+        or ``"scalar"``: a value kept in the metadata), ``shape``, ``dtype``,
+        ``chunks``; ``value`` and ``py_type`` for a scalar; ``python_scalar: True``
+        for a 0-d array restored as a Python number when it goes to the host;
+        ``key_impl`` for a typed PRNG key array stored as its key data.
+    sharding
+        Where the leaf goes; None restores it as a host value.
+    dtype
+        The dtype to convert it to, or None to keep the saved one.
+
+        A leaf placed on devices whose dtype jax would truncate (64 bits without
+        ``jax_enable_x64``) is refused with ValueError (:func:`check_x64`).
+    recorded
+        The checksum recorded for each chunk (key -> (algorithm, value)); None when
+        there are none to check, and then reads are not widened to whole chunks.
+    opening
+        The array's opening, if already started.
+    shares
+        For a region other processes read too (keyed by the region a device needs):
+        this process's rank among them and their number. It then checks only its
+        share of the region's chunks (:func:`nbckpt.engine.restore.exchange.verify_shares`);
+        the restore must make every process agree that all shares passed.
+    scratch
+        Given (a tag unique to this restore and the same on every process), a region
+        in ``shares`` is read together with the other holders into one file in the
+        host's shared memory (:mod:`nbckpt.engine.restore.hostshare`): this process reads only
+        its slab, and :meth:`adopt`, after the barrier, maps the whole region.
+    """
+
+    def __init__(
+        self,
+        source: ArraySource,
+        meta: dict[str, Any],
+        sharding: jax.sharding.Sharding | None,
+        dtype: Any,
+        recorded: dict[str, tuple[str, int]] | None,
+        opening: ts.Future[ts.TensorStore] | None = None,
+        shares: dict[Box, tuple[int, int]] | None = None,
+        scratch: str | None = None,
+    ) -> None:
+        self.source = source
+        self.meta = meta
+        self.name: str = meta["name"]
+        self.where = path_str(tuple((k, v) for k, v in meta.get("path", [])))
+        self.sharding = sharding
+        self.dtype = None if dtype is None else np.dtype(dtype)
+        if sharding is not None and meta["kind"] != "scalar":
+            check_x64(self.where, self.dtype or np.dtype(meta["dtype"]))
+        self.recorded = recorded
+        self.shape = tuple(int(s) for s in meta.get("shape", ()))
+        self.chunks = [int(c) for c in meta.get("chunks", [1] * len(self.shape))]
+        self.nbytes = 0
+        self.reads: dict[Box, _Read] = {}
+        #: (device, the box it needs) per addressable device; None means host values.
+        self.devices: list[tuple[Any, Box]] = []
+        self.placed: dict[int, Any] = {}
+        self.shares = shares or {}
+        self.scratch = scratch
+        #: Slabs read into host-shared files, placed by :meth:`adopt`.
+        self.pending: list[_Read] = []
+        self._opening: Any = None
+        if meta["kind"] != "scalar":
+            self._opening = opening if opening is not None else source.open(self.name)
+
+    def _damaged(self, detail: str, key: str | None = None) -> CorruptCheckpointError:
+        note = self.source.note()
+        return CorruptCheckpointError(
+            self.source.location(self.name, key),
+            f"leaf {self.where} ({self.name}): {detail}" + (f"; {note}" if note else ""),
+        )
+
+    def _read_failed(self, e: Exception, box: Box) -> Exception:
+        """Turn a tensorstore error that means damage into CorruptCheckpointError."""
+        text = str(e)
+        if not text.startswith(_DAMAGE):
+            return e
+        m = _CHUNK_IN_ERROR.search(text)
+        key: str | None = None
+        if m is not None:
+            key = ".".join(p.strip() for p in m.group(1).split(",")) if m.group(1) else "0"
+            what = f"chunk {key}"
+        elif (f := _FILE_IN_ERROR.search(text)) is not None:
+            key = f.group(1)
+            what = f"chunk {key}"
+        else:
+            regions = chunk_regions(self._slices(box), self.shape, self.chunks)
+            keys = [chunk_key(g, self.chunks) for g, _ in itertools.islice(regions, 5)]
+            what = "one of chunks " + ", ".join(keys[:4]) + (", ..." if len(keys) > 4 else "")
+        if "is missing" in text:
+            return self._damaged(f"{what} is missing (its file was deleted?)", key)
+        return self._damaged(f"{what} cannot be read ({text})", key)
+
+    @staticmethod
+    def _slices(box: Box) -> tuple[slice, ...]:
+        return tuple(slice(a, b) for a, b in box)
+
+    def _box(self, want: Box) -> Box:
+        """The box read for a device that needs ``want``: whole chunks where they are checked."""
+        return want if self.recorded is None else _chunk_box(want, self.shape, self.chunks)
+
+    def store(self) -> ts.TensorStore:
+        """Wait for the array's opening; raise CorruptCheckpointError if it is missing."""
+        try:
+            store: ts.TensorStore = self._opening.result()
+        except ValueError as e:
+            if str(e).startswith("NOT_FOUND"):
+                raise self._damaged(f"its array is missing ({e})") from None
+            raise
+        return store
+
+    def issue(self, on_done: Callable[[_Read], None]) -> int:
+        """Issue the reads of every region this process needs; return their number.
+
+        ``on_done(read)`` is called, on a tensorstore thread, as each read completes.
+        """
+        if self._opening is None:
+            return 0
+        store = self.store()
+        dtype = np.dtype(self.meta["dtype"])
+        if tuple(store.shape) != self.shape or store.dtype.numpy_dtype != dtype:
+            raise self._damaged(
+                f"the array on disk is {list(store.shape)} {store.dtype.numpy_dtype}, the "
+                f"metadata says {list(self.shape)} {dtype}"
+            )
+        whole: Box = tuple((0, d) for d in self.shape)
+        if self.sharding is None:
+            self.devices.append((None, whole))
+        else:
+            for device, index in self.sharding.addressable_devices_indices_map(self.shape).items():
+                self.devices.append((device, _index_key(index, self.shape) if index else whole))
+        for _, want in self.devices:
+            box = self._box(want)
+            if box in self.reads:
+                continue
+            share = self.shares.get(want)
+            read = None
+            if share is not None and self.scratch is not None:
+                read = self._together(box, dtype, share)
+            if read is None:
+                buf = aligned_empty(tuple(b - a for a, b in box), dtype)
+                read = _Read(self, box, buf, share=share)
+            if read.region is None or read.buf.size:
+                dst = ts.array(read.buf, copy=False, write=True)
+                read.future = dst.write(store[self._slices(read.box)])
+            else:  # an empty slab: the other holders read the whole region
+                read.future = Future()
+                read.future.set_result(None)
+            read.future.add_done_callback(functools.partial(_call, on_done, read))
+            self.reads[box] = read
+            self.nbytes += read.buf.nbytes
+        return len(self.reads)
+
+    def _rows(self, box: Box) -> int:
+        """The number of chunk rows along the first dimension of ``box``."""
+        a, b = box[0]
+        return -(-(b - a) // max(1, self.chunks[0]))
+
+    def _together(self, box: Box, dtype: np.dtype[Any], share: tuple[int, int]) -> _Read | None:
+        """This process's slab of ``box``, read into the holders' shared file.
+
+        None when the shared memory has no room or cannot be used: the caller reads
+        the whole region itself, as every holder then does.
+        """
+        rank, holders = share
+        shape = tuple(b - a for a, b in box)
+        if not hostshare.usable(math.prod(shape) * dtype.itemsize):
+            return None
+        try:
+            region = HostRegion(f"{self.scratch}|{self.name}|{box}", shape, dtype, rank, holders)
+        except OSError:
+            return None
+        try:
+            start, stop = region.slab(slab_rows(self._rows(box), holders, rank), self.chunks[0])
+        except OSError:
+            region.close()
+            return None
+        (a, _), *rest = box
+        slab: Box = ((a + start, a + stop), *rest)
+        return _Read(self, slab, region.buffer()[start:stop], region=region, whole=box)
+
+    def _verify(self, read: _Read) -> None:
+        """Check every chunk of ``read`` against its recorded checksum."""
+        recorded = self.recorded
+        if recorded is None:  # nothing was recorded to check against
+            return
+        # A shared region has a first dimension (only leaves of 2 MiB or more are
+        # shared); a 0-d leaf is checked whole.
+        mine, first, step = None, 0, 1
+        if read.share is not None and read.share[1] > 1:
+            rank, holders = read.share
+            mine = slab_rows(self._rows(read.box), holders, rank)
+            first, step = read.box[0][0], max(1, self.chunks[0])
+        regions = chunk_regions(self._slices(read.box), self.shape, self.chunks)
+        for glob, local in regions:
+            if mine is not None and (glob[0].start - first) // step not in mine:
+                continue  # another process that read this region checks that chunk
+            key = chunk_key(glob, self.chunks)
+            rec = recorded.get(key)
+            if rec is None:
+                raise self._damaged(f"chunk {key} has no recorded checksum", key)
+            algorithm, expected = rec
+            # A zero-copy view when the chunk spans the buffer's trailing dimensions
+            # (always, with the save's own sharding); a copy otherwise.
+            chunk = read.buf[local]
+            if not _checksum.matches(chunk, algorithm, expected):
+                got = _checksum.checksum(chunk, algorithm)
+                raise self._damaged(
+                    f"chunk {key} does not match its checksum ({algorithm} recorded "
+                    f"{expected:08x}, read {got:08x})",
+                    key,
+                )
+
+    def check(self, read: _Read) -> None:
+        """Raise if a finished read failed, or if a chunk in it fails its checksum."""
+        try:
+            read.future.result()
+        except ValueError as e:
+            raise self._read_failed(e, read.box) from None
+        self._verify(read)
+
+    def place(self, read: _Read) -> None:
+        """Put what each device needs of a checked read on that device.
+
+        A slab of a host-shared region is only recorded as done: :meth:`adopt` places
+        the region once every holder has passed the barrier.
+        """
+        if read.region is not None:
+            read.region.mark()
+            self.pending.append(read)
+            return
+        self._place(read.box, read.buf)
+
+    def adopt(self) -> None:
+        """Place the regions read together with other processes (after the barrier).
+
+        A region whose file misses another holder's slab (it read the region itself,
+        or this host name hides several hosts' shared memories) is read again here,
+        whole and unchecked: its holders checked every chunk of it, each its slab.
+        """
+        store = None
+        for read in self.pending:
+            assert read.region is not None and read.whole is not None
+            host = read.region.adopt()
+            if host is None:
+                if store is None:
+                    store = self.store()
+                host = aligned_empty(read.region.shape, read.region.dtype)
+                try:
+                    dst = ts.array(host, copy=False, write=True)
+                    dst.write(store[self._slices(read.whole)]).result()
+                except ValueError as e:
+                    raise self._read_failed(e, read.whole) from None
+                self.nbytes += host.nbytes
+            read.region.close()
+            self._place(read.whole, host)
+        self.pending.clear()
+
+    def release(self) -> None:
+        """Unlink and drop every host-shared file of this leaf (idempotent)."""
+        for read in self.reads.values():
+            if read.region is not None:
+                read.region.close()
+
+    def _place(self, box: Box, buf: np.ndarray) -> None:
+        for i, (device, want) in enumerate(self.devices):
+            if self._box(want) != box:
+                continue
+            host = buf
+            if want != box:  # the target cuts chunks: copy its part out
+                part = host[
+                    tuple(slice(a - o, b - o) for (a, b), (o, _) in zip(want, box, strict=True))
+                ]
+                host = aligned_empty(part.shape, part.dtype)
+                host[...] = part
+            if self.dtype is not None and host.dtype != self.dtype:
+                host = host.astype(self.dtype)
+            self.placed[i] = host if device is None else jax.device_put(host, device)
+
+    def result(self) -> Any:
+        """Return the restored leaf: a Python number, a host array or a jax array."""
+        meta = self.meta
+        if meta["kind"] == "scalar":
+            value = meta["value"]
+            py_type = meta.get("py_type")
+            if py_type == "complex":
+                return complex(value[0], value[1])
+            return {"bool": bool, "int": int, "float": float}.get(py_type or "", lambda v: v)(value)
+        if self.sharding is None:
+            host = self.placed[0]
+            value = host.item() if meta.get("python_scalar") else host
+        else:
+            bufs = [self.placed[i] for i in range(len(self.devices))]
+            value = jax.make_array_from_single_device_arrays(self.shape, self.sharding, bufs)
+        if meta.get("key_impl"):
+            # A typed PRNG key, stored as its key data.
+            return jax.random.wrap_key_data(value, impl=meta["key_impl"])
+        return value
+
+
+def read_all(leaves: list[LeafRead], progress: Callable[[int, int], None] | None = None) -> None:
+    """Issue every leaf's reads, check each as it completes, and place it on its devices.
+
+    The checksum checks run on a few threads (the CRC releases the GIL), so that on a
+    host with cores to spare they keep up with the reads however fast the storage is;
+    the main thread places each read on its devices as soon as it is checked. Leaves
+    without recorded checksums are only checked for read errors.
+
+    ``progress(done, total)``, if given, is called once every read is issued (``done``
+    0), then with the bytes read and checked so far as
+    :class:`~nbckpt.engine.save.writer.ProgressReport` paces it (each eighth of ``total``,
+    and at least every 0.2 s while reads complete); the last read is not reported.
+    """
+    #: (a completed read, None) or (a checked read, its check's future).
+    events: queue.SimpleQueue[tuple[_Read, Future[None] | None]] = queue.SimpleQueue()
+    remaining = sum(leaf.issue(lambda r: events.put((r, None))) for leaf in leaves)
+    total = sum(leaf.nbytes for leaf in leaves)
+    report = ProgressReport(None if progress is None else lambda b: progress(b, total), total)
+    if progress is not None:
+        progress(0, total)
+    pool = None
+    if remaining > 1 and any(leaf.recorded is not None for leaf in leaves):
+        pool = ThreadPoolExecutor(_VERIFY_THREADS, thread_name_prefix="nbckpt-verify")
+    try:
+        while remaining:
+            read, checked = events.get()
+            if checked is None and pool is not None and read.leaf.recorded is not None:
+                checking = pool.submit(read.leaf.check, read)
+                checking.add_done_callback(functools.partial(_checked, events, read))
+                continue
+            if checked is None:
+                read.leaf.check(read)
+            else:
+                checked.result()
+            read.leaf.place(read)
+            report.add(read.buf.nbytes)
+            remaining -= 1
+    finally:
+        if pool is not None:
+            # After a failure the reads and checks still running are of no use.
+            pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _checked(
+    events: queue.SimpleQueue[tuple[_Read, Future[None] | None]], read: _Read, f: Future[None]
+) -> None:
+    events.put((read, f))

@@ -1,0 +1,146 @@
+"""Where a restore's arrays come from: nbckpt's plain zarr arrays, or Orbax's layout.
+
+A restore reads every leaf through an :class:`ArraySource`, which opens the leaf's
+array by name and says where a damaged chunk lies. The restore itself (which regions,
+which checks, which devices) does not depend on how the arrays are stored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import tensorstore as ts
+
+from nbckpt.engine.arrays.orbax_arrays import open_orbax_array_async
+from nbckpt.engine.arrays.zarr import fresh_context, open_array_async
+from nbckpt.formats.orbax_write import ORBAX_ARRAYS
+from nbckpt.storage import Location
+
+__all__ = ["ArraySource", "OrbaxSource", "Zarr2Source", "source_for"]
+
+#: What an error about an Orbax step adds: the damage it may not see.
+ORBAX_UNVERIFIED = (
+    "Orbax records no checksums of the data, so damage that still decodes cannot be "
+    "detected; only missing or undecodable chunks are"
+)
+
+
+class ArraySource(Protocol):
+    """Opens the arrays of one step (or Orbax item) by leaf name."""
+
+    @property
+    def directory(self) -> Location:
+        """The directory the arrays are in."""
+        ...
+
+    def open(self, name: str) -> ts.Future[ts.TensorStore]:
+        """Start opening the array of leaf ``name`` for reading."""
+        ...
+
+    def location(self, name: str, key: str | None = None) -> str:
+        """Where leaf ``name`` (or its chunk ``key``) is, for an error message."""
+        ...
+
+    def note(self) -> str | None:
+        """What an error about this source's data should add, if anything."""
+        ...
+
+
+@dataclass(frozen=True)
+class Zarr2Source:
+    """nbckpt's default layout: one plain zarr v2 array directory per leaf.
+
+    Every chunk of a complete step was stored, so a missing chunk file fails the read
+    (``fill_missing=False``) instead of reading as zeros.
+    """
+
+    directory: Location
+
+    def open(self, name: str) -> ts.Future[ts.TensorStore]:
+        """Open ``<directory>/<name>``."""
+        return open_array_async(self.directory / name, fill_missing=False)
+
+    def location(self, name: str, key: str | None = None) -> str:
+        """The array's directory, or the chunk's file in it."""
+        where = self.directory / name
+        return str(where / key if key else where)
+
+    def note(self) -> str | None:
+        """Nothing: nbckpt's chunks are checked against their recorded checksums."""
+        return None
+
+
+@dataclass(frozen=True)
+class OrbaxSource:
+    """Arrays in Orbax's layout: an OCDBT database, or one array directory per leaf.
+
+    Attributes
+    ----------
+    directory
+        The pytree item's directory (or an nbckpt step's).
+    ocdbt, zarr3
+        How its arrays are stored.
+    fill_missing
+        Read a chunk that is not stored as the fill value (only where the save did not
+        promise to store every chunk); else a missing chunk fails the read.
+    orbax
+        The data was written by Orbax (its errors then say what cannot be checked).
+    context
+        The tensorstore context its arrays are opened in: a fresh one per source, so
+        that a source never sees an OCDBT database as an earlier one cached it (a step
+        re-saved with ``force=True`` in the same process has a new database, with a
+        new uuid, under the same directory).
+    """
+
+    directory: Location
+    ocdbt: bool
+    zarr3: bool
+    fill_missing: bool = False
+    orbax: bool = True
+    context: ts.Context = field(default_factory=fresh_context, compare=False, repr=False)
+
+    def open(self, name: str) -> ts.Future[ts.TensorStore]:
+        """Open array ``name`` as Orbax reads it."""
+        return open_orbax_array_async(
+            self.directory,
+            name,
+            ocdbt=self.ocdbt,
+            zarr3=self.zarr3,
+            fill_missing=self.fill_missing,
+            context=self.context,
+        )
+
+    def location(self, name: str, key: str | None = None) -> str:
+        """The array's directory, or (OCDBT) its key in the item's database."""
+        where = self.directory / name
+        if self.ocdbt:
+            inside = f"{name}/{key}" if key else name
+            return f"{self.directory} (OCDBT key {inside})"
+        return str(where / key if key else where)
+
+    def note(self) -> str | None:
+        """For Orbax's data: that it carries no checksums."""
+        return ORBAX_UNVERIFIED if self.orbax else None
+
+
+def source_for(directory: Location, meta: dict[str, Any]) -> ArraySource:
+    """Return the source of an nbckpt step's arrays, by its metadata's ``arrays`` field.
+
+    ``"ocdbt+zarr3"``: one OCDBT database of zarr v3 arrays at the step's top (as
+    Orbax lays them out); absent: nbckpt's plain zarr v2 arrays, one per leaf.
+
+    Raises
+    ------
+    ValueError
+        The field names a layout this version of nbckpt does not know.
+    """
+    arrays = meta.get("arrays")
+    if arrays is None:
+        return Zarr2Source(directory)
+    if arrays == ORBAX_ARRAYS:
+        return OrbaxSource(directory, ocdbt=True, zarr3=True, fill_missing=False, orbax=False)
+    raise ValueError(
+        f"{directory}: its arrays are stored as {arrays!r}, which this version of nbckpt "
+        "cannot read; upgrade nbckpt"
+    )

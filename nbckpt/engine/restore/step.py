@@ -1,0 +1,388 @@
+"""Restore: every process reads only the regions its own devices need, and checks them.
+
+Every chunk a restore of an nbckpt step reads is checked against the checksum recorded
+when it was saved (:mod:`nbckpt.formats.checksum`) before any of its values are used; how the
+regions are read, widened to whole chunks and checked is :mod:`nbckpt.engine.restore.reads`.
+The arrays come from the step's own layout (:mod:`nbckpt.engine.restore.sources`): plain zarr v2
+arrays, or an OCDBT database of zarr v3 arrays for steps saved in Orbax's layout.
+
+A deleted chunk file fails the read (``fill_missing=False``): every chunk of a complete
+step exists on disk, so zarr's fill value would only hide the damage.
+
+Orbax's steps are restored by :mod:`nbckpt.engine.restore.orbax_step`, through the same
+reads; Orbax records no checksums, so those reads are not checked.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from nbckpt.engine.arrays.tree import (
+    PathEntry,
+    empty_value,
+    leaf_name,
+    legacy_leaf_name,
+    path_entry,
+    path_str,
+    unflatten_paths,
+)
+from nbckpt.engine.restore.exchange import (
+    MIN_SPLIT_BYTES,
+    JobReads,
+    can_exchange,
+    gather,
+    holders,
+    split_sharding,
+    verify_shares,
+)
+from nbckpt.engine.restore.reads import LeafRead, aligned_empty, read_all
+from nbckpt.engine.restore.sources import source_for
+from nbckpt.errors import CorruptCheckpointError, NbckptError
+from nbckpt.formats import checksum as _checksum
+from nbckpt.formats.layout import CHECKSUMS_DIR, metadata_path, read_metadata, step_format
+from nbckpt.journal import JournalWriter
+from nbckpt.protocol import Event
+from nbckpt.storage import Location
+
+__all__ = [
+    "aligned_empty",
+    "check_dtype",
+    "check_sharding",
+    "check_shape",
+    "default_sharding",
+    "restore_step",
+    "target_parts",
+]
+
+
+def _is_key(dtype: Any) -> bool:
+    return jax.numpy.issubdtype(dtype, jax.dtypes.prng_key)
+
+
+def target_parts(t: Any) -> tuple[jax.sharding.Sharding | None, Any, Any]:
+    """Return (sharding, shape, dtype) a target leaf asks for; None where it is silent.
+
+    A NumPy array asks for host values of its shape and dtype. A typed PRNG key array
+    (or its ``ShapeDtypeStruct``) asks for its key data, which is what was stored.
+    """
+    if isinstance(t, jax.ShapeDtypeStruct):
+        if t.sharding is None:
+            raise ValueError(f"target {t} has no sharding; give ShapeDtypeStruct(sharding=...)")
+        if _is_key(t.dtype):
+            data = jax.eval_shape(jax.random.key_data, t)
+            return t.sharding, tuple(data.shape), data.dtype
+        return t.sharding, tuple(t.shape), t.dtype
+    if isinstance(t, jax.sharding.Sharding):
+        return t, None, None
+    if isinstance(t, jax.Array):
+        if _is_key(t.dtype):
+            t = jax.random.key_data(t)
+        return t.sharding, tuple(t.shape), t.dtype
+    if isinstance(t, np.ndarray | np.generic):
+        return None, tuple(t.shape), t.dtype
+    return None, None, None
+
+
+def check_shape(where: str, saved: Sequence[int], shape: Sequence[int] | None) -> None:
+    """Refuse a target shape other than the saved one (None: the target names none).
+
+    ``where`` names the leaf in the message (its tree path).
+    """
+    if shape is not None and tuple(shape) != tuple(saved):
+        raise ValueError(
+            f"target leaf {where} has shape {tuple(shape)}, saved shape is {tuple(saved)}"
+        )
+
+
+def check_dtype(where: str, saved: Any, dtype: Any, cast: bool) -> None:
+    """Refuse a target dtype other than the saved one, unless ``cast`` allows it."""
+    if dtype is None or saved is None:
+        return
+    try:
+        want = np.dtype(dtype)
+    except TypeError:
+        raise ValueError(
+            f"target leaf {where} has dtype {dtype}, which nbckpt cannot restore"
+        ) from None
+    saved = np.dtype(saved)
+    # Byte order is how a value is held, not what it is: a '>i4' target of an int32
+    # leaf (saved in native order) gets the same values in the order it asks for.
+    if want.newbyteorder("=") != saved.newbyteorder("=") and not cast:
+        raise ValueError(
+            f"target leaf {where} asks for dtype {want}, but it was saved as {saved}; "
+            "pass cast=True to convert it, or give a target of the saved dtype"
+        )
+
+
+def check_sharding(
+    where: str, sharding: jax.sharding.Sharding | None, shape: Sequence[int]
+) -> None:
+    """Refuse a sharding that cannot split the leaf's shape evenly, naming both."""
+    if sharding is None:
+        return
+    try:
+        sharding.shard_shape(tuple(shape))
+    except ValueError as e:
+        if isinstance(sharding, jax.sharding.NamedSharding):
+            layout = f"mesh {dict(sharding.mesh.shape)} with spec {sharding.spec}"
+        else:
+            layout = type(sharding).__name__
+        detail = " ".join(str(e).split())
+        raise ValueError(
+            f"target leaf {where} of shape {tuple(shape)} cannot be split evenly by its "
+            f"sharding ({layout}): {detail}; pick a spec whose mesh axes divide the shape"
+        ) from None
+
+
+def default_sharding(meta: dict[str, Any]) -> jax.sharding.Sharding:
+    """Return the sharding a leaf gets when restored without a target.
+
+    The saved ``NamedSharding`` is rebuilt over this job's devices when their number
+    matches the saved mesh; otherwise the leaf is replicated on every device.
+    """
+    desc = meta.get("sharding") or {}
+    devices = jax.devices()
+    if desc.get("type") == "named" and math.prod(desc["mesh_shape"]) == len(devices):
+        mesh = jax.sharding.Mesh(
+            np.array(devices).reshape(desc["mesh_shape"]), tuple(desc["axis_names"])
+        )
+        spec = jax.sharding.PartitionSpec(
+            *[tuple(p) if isinstance(p, list) else p for p in desc["spec"]]
+        )
+        return jax.sharding.NamedSharding(mesh, spec)
+    if len(devices) == 1:
+        return jax.sharding.SingleDeviceSharding(devices[0])
+    mesh = jax.sharding.Mesh(np.array(devices), ("nbckpt_all",))
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+
+#: How many leaves a message lists before it says how many more there are.
+_LISTED = 8
+
+
+def _paths(leaves: list[dict[str, Any]]) -> str:
+    shown = [path_str(tuple((k, v) for k, v in m.get("path", []))) for m in leaves[:_LISTED]]
+    more = len(leaves) - len(shown)
+    return ", ".join(shown) + (f" and {more} more" if more > 0 else "") or "none"
+
+
+def _listed(meta: dict[str, Any]) -> str:
+    return _paths(list(meta["leaves"]))
+
+
+def _check_covered(meta: dict[str, Any], wanted: set[str]) -> None:
+    """Refuse a target that leaves out saved leaves: they would be dropped silently."""
+    missing = [m for m in meta["leaves"] if m["name"] not in wanted]
+    if missing:
+        raise ValueError(
+            f"the target lacks {len(missing)} saved leaf(s): {_paths(missing)}; restoring "
+            "into it would drop them: add them to the target, or pass partial=True to "
+            "restore only the target's leaves"
+        )
+
+
+def _recorded(directory: Location) -> _checksum.Recorded | None:
+    try:
+        return _checksum.read_checksums(directory)
+    except (OSError, ValueError) as e:
+        raise CorruptCheckpointError(
+            str(directory / CHECKSUMS_DIR), f"its checksums cannot be read: {e}"
+        ) from None
+
+
+def restore_step(
+    directory: Location,
+    target: Any,
+    journal: JournalWriter | None = None,
+    *,
+    cast: bool = False,
+    verify: bool = True,
+    item: str | None = None,
+    job: JobReads | None = None,
+    partial: bool = False,
+) -> Any:
+    """Restore the complete step in ``directory`` (see ``AsyncCheckpointer.restore``).
+
+    An nbckpt step: every chunk read is checked against the checksum recorded for it at
+    save time. A step saved without checksums (no ``_CHECKSUMS`` files: none were
+    recorded) is restored without that check, and its reads are not widened to whole
+    chunks; a deleted chunk file fails it all the same. An Orbax step (or pytree
+    directory) is restored by :func:`nbckpt.engine.restore.orbax_step.restore_orbax_step`.
+
+    The journal's ``read_done`` event records the bytes this process read and
+    ``verified``: whether every chunk read was checked against a recorded checksum.
+
+    Parameters
+    ----------
+    directory
+        The step's directory.
+    target
+        As for ``AsyncCheckpointer.restore``.
+    journal
+        Where to record the read's events, if anywhere.
+    cast
+        Allow a target leaf whose dtype differs from the saved one (its values are
+        converted); without it such a target is refused before anything is read.
+    verify
+        Check the chunks' checksums. Internal: only the benchmark turns it off, to
+        measure what the check costs.
+    item
+        Which item of an Orbax ``CheckpointManager`` step to restore; None picks its
+        only pytree item. An nbckpt step has one tree: it must be None.
+    job
+        Given, a leaf that several processes hold whole is read and checked once per
+        job, not once per process (:mod:`nbckpt.engine.restore.exchange`); its ``agree`` runs
+        on every process once the reads are checked and must raise if any process
+        failed. None: every process reads and checks all it holds.
+    partial
+        Allow a target that leaves out saved leaves: only the target's leaves are
+        restored. Without it such a target is refused (restoring into it would drop
+        saved state silently), naming the leaves it lacks. An nbckpt step only.
+
+    Returns
+    -------
+    The restored tree: shaped like ``target``; or, without one, nested dicts and lists
+    in which every saved leaf and empty node (``None``, empty containers, recorded in
+    the metadata's ``empty`` field) is at its saved position. Typed PRNG keys come back
+    as typed keys, NumPy arrays in native byte order.
+
+    Raises
+    ------
+    CorruptCheckpointError
+        A chunk does not match its checksum, has none recorded, or is missing or
+        unreadable; or the checksums themselves cannot be read. The message names the
+        leaf, the chunk and its file under ``directory``; nothing is returned.
+    ValueError
+        A target leaf's shape differs from the saved one, or its dtype does and
+        ``cast`` is False, or its sharding cannot split its shape evenly; the target
+        lacks saved leaves and ``partial`` is False; a 64-bit leaf would become a jax
+        array in a process without ``jax_enable_x64``; or ``item`` is given for an
+        nbckpt step.
+    KeyError
+        A target leaf is not in the step.
+    """
+    if step_format(directory) == "orbax":
+        from nbckpt.engine.restore.orbax_step import restore_orbax_step
+
+        return restore_orbax_step(directory, target, journal, cast=cast, item=item)
+    if item is not None:
+        raise ValueError(
+            f"{directory} is an nbckpt step, which holds one tree; item={item!r} applies to "
+            "Orbax CheckpointManager steps only"
+        )
+    meta = read_metadata(directory)
+    if meta is None:
+        raise NbckptError(f"cannot read {metadata_path(directory)}; run fsck on the root")
+    source = source_for(directory, meta)
+    by_name = {m["name"]: m for m in meta["leaves"]}
+    recorded = _recorded(directory) if verify else None
+    if verify and recorded is None and meta.get("checksums"):
+        # The save recorded checksums (its metadata says so): their absence is damage.
+        raise CorruptCheckpointError(
+            str(directory / CHECKSUMS_DIR), "its checksums are missing although the save wrote them"
+        )
+
+    def sums(m: dict[str, Any]) -> dict[str, tuple[str, int]] | None:
+        return None if recorded is None else recorded.get(m["name"], {})
+
+    me = jax.process_index()
+    #: Where each leaf read in pieces goes once gathered, by its position in ``leaves``.
+    gathered: dict[int, jax.sharding.Sharding] = {}
+    shared: list[int] = []
+
+    def plan(sharding: jax.sharding.Sharding | None, m: dict[str, Any]) -> tuple[Any, Any]:
+        """How to read a leaf: the sharding to read it under, and the checks' shares."""
+        if job is None or sharding is None or m["kind"] == "scalar":
+            return sharding, None
+        shape, itemsize = tuple(m["shape"]), np.dtype(m["dtype"]).itemsize
+        held = holders(sharding, shape)
+        together = [ps for ps in held.values() if len(ps) > 1]
+        if not together or math.prod(shape) * itemsize < 2 * MIN_SPLIT_BYTES:
+            return sharding, None
+        if job.local_root and job.one_host(p for ps in together for p in ps):
+            shared.append(len(leaves))
+            return sharding, verify_shares(held, me)
+        split = split_sharding(sharding, shape, itemsize) if can_exchange() else None
+        if split is None:
+            return sharding, None
+        gathered[len(leaves)] = sharding
+        return split, None
+
+    # Regions held whole by several processes of this host are read together, once,
+    # into the host's shared memory (see nbckpt.engine.restore.hostshare).
+    tag = None if job is None or job.scratch is None else f"{job.scratch}|{directory}"
+    if journal is not None:
+        journal.emit(Event.READ_STARTED)
+    leaves: list[LeafRead] = []
+    if target is None:
+        paths: list[tuple[PathEntry, ...]] = []
+        for m in meta["leaves"]:
+            sharding = default_sharding(m) if m["kind"] == "jax" else None
+            read_as, shares = plan(sharding, m)
+            leaves.append(LeafRead(source, m, read_as, None, sums(m), shares=shares, scratch=tag))
+            paths.append(tuple((k, v) for k, v in m["path"]))
+    else:
+        flat, treedef = jax.tree_util.tree_flatten_with_path(target)
+        wanted: set[str] = set()
+        for keys, t in flat:
+            path = tuple(path_entry(k) for k in keys)
+            label = path_str(path)
+            name = leaf_name(path)
+            # Steps saved before names were UTF-8 encoded name non-ASCII keys otherwise.
+            m = by_name.get(name) or by_name.get(legacy_leaf_name(path))
+            if m is None:
+                raise KeyError(
+                    f"target leaf {label} is not in {directory}; saved leaves: {_listed(meta)}"
+                )
+            wanted.add(m["name"])
+            sharding, shape, dtype = target_parts(t)
+            if m["kind"] == "scalar" and sharding is None:
+                shape = dtype = None  # a Python number comes back as the number it was
+            check_shape(label, m.get("shape", ()), shape)
+            check_dtype(label, m.get("dtype"), dtype, cast)
+            check_sharding(label, sharding, m.get("shape", ()))
+            read_as, shares = plan(sharding, m)
+            leaves.append(LeafRead(source, m, read_as, dtype, sums(m), shares=shares, scratch=tag))
+        if not partial:
+            _check_covered(meta, wanted)
+
+    def progress(done: int, total: int) -> None:
+        if journal is not None:
+            journal.emit(Event.READ_PROGRESS, bytes=done, total=total)
+
+    try:
+        read_all(leaves, progress if journal is not None else None)
+        if gathered or shared:
+            # Every process plans alike (same target, metadata and hosts), so all meet here.
+            assert job is not None
+            job.agree()
+        for i in shared:
+            leaves[i].adopt()
+        values = [leaf.result() for leaf in leaves]
+    finally:
+        for i in shared:
+            leaves[i].release()
+    if gathered:
+        where = sorted(gathered)
+        moved = gather([values[i] for i in where], [gathered[i] for i in where])
+        for i, value in zip(where, moved, strict=True):
+            values[i] = value
+    if target is None:
+        items = list(zip(paths, values, strict=True))
+        for e in meta.get("empty", []):
+            items.append((tuple((k, v) for k, v in e["path"]), empty_value(e["node"])))
+        result = unflatten_paths(items)
+    else:
+        result = jax.tree_util.tree_unflatten(treedef, values)
+    if journal is not None:
+        journal.emit(
+            Event.READ_DONE,
+            bytes=sum(leaf.nbytes for leaf in leaves),
+            verified=recorded is not None,
+        )
+    return result

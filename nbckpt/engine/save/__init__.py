@@ -1,0 +1,1 @@
+"""A save: preflight, snapshot, background write, commit, retention."""

@@ -1,0 +1,81 @@
+"""What every process of a save must agree on, and the one line that says who differs.
+
+Every process posts its *plan* in the preflight: the options it was given (format,
+mode, force, primary, deadline, metrics, retention) and the structure of its tree (each
+leaf's name, dtype, shape and kind, never its values). A process that saved another
+format, mode or tree would otherwise see its shards dropped or its directory "vanish"
+under it; with the plans compared before anyone writes, every process fails alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from nbckpt.engine.arrays.tree import Leaf
+from nbckpt.errors import who
+
+__all__ = ["describe_leaves", "disagreement", "save_plan"]
+
+#: How many differing leaves one message names.
+_SHOWN = 3
+
+
+def _describe(leaf: Leaf) -> str:
+    value = leaf.value
+    if leaf.kind not in ("jax", "numpy"):
+        # A Python scalar (its type), or a node with no array (what it stands for).
+        what = value if isinstance(value, str) else type(value).__name__
+        return f"{what} {leaf.kind}"
+    shape = tuple(int(d) for d in getattr(value, "shape", np.shape(value)))
+    dtype = getattr(value, "dtype", None)
+    dtype = np.dtype(dtype) if dtype is not None else np.asarray(value).dtype
+    impl = getattr(leaf, "key_impl", None)  # a typed PRNG key: its implementation too
+    return f"{dtype}{list(shape)} {leaf.kind}" + (f" key<{impl}>" if impl else "")
+
+
+def describe_leaves(leaves: Sequence[Leaf]) -> dict[str, str]:
+    """Each leaf's name and a short description: ``{"params.w": "float32[8, 4] jax"}``."""
+    return {leaf.name: _describe(leaf) for leaf in leaves}
+
+
+def _split(values: Mapping[int, Any]) -> str:
+    """``'orbax' on process 1, None on processes 0, 2``."""
+    groups: dict[str, list[int]] = {}
+    for p, v in sorted(values.items()):
+        groups.setdefault(repr(v) if not isinstance(v, str) else v, []).append(p)
+    return ", ".join(f"{v} on {who(ps)}" for v, ps in groups.items())
+
+
+def _leaf_differences(trees: Mapping[int, Mapping[str, str]]) -> list[str]:
+    names = sorted(set().union(*(set(t) for t in trees.values())))
+    found = []
+    for name in names:
+        values = {p: t.get(name, "absent") for p, t in trees.items()}
+        if len(set(values.values())) > 1:
+            found.append(f"leaf {name!r}: {_split(values)}")
+    return found
+
+
+def disagreement(plans: Mapping[int, Mapping[str, Any]]) -> str | None:
+    """Say, in one line, what the processes' plans differ in; None if they agree."""
+    if len(plans) < 2:
+        return None
+    parts = []
+    keys = sorted(set().union(*(set(p) for p in plans.values())) - {"leaves"})
+    for key in keys:
+        values = {p: plan.get(key) for p, plan in plans.items()}
+        if len({repr(v) for v in values.values()}) > 1:
+            parts.append(f"{key}: {_split(values)}")
+    leaves = _leaf_differences({p: plan.get("leaves") or {} for p, plan in plans.items()})
+    if leaves:
+        more = f" (and {len(leaves) - _SHOWN} more leaves)" if len(leaves) > _SHOWN else ""
+        parts.append("; ".join(leaves[:_SHOWN]) + more)
+    return "; ".join(parts) if parts else None
+
+
+def save_plan(leaves: Sequence[Leaf], **options: Any) -> dict[str, Any]:
+    """The plan a process posts for a save: ``options`` (JSON-able) and its leaves."""
+    return {**options, "leaves": describe_leaves(leaves)}

@@ -1,0 +1,235 @@
+"""The preflight: every process checks, before anyone writes, that an operation can go.
+
+Each process posts what it found wrong (or nothing) in one gather over the key-value
+store; the primary also posts the operation id. Every process then raises the same
+error, so a bad root, an existing or foreign step, or a tree one process cannot save
+never leaves a half-started save, nor peers waiting out their deadline.
+
+A save's preflight also settles three things before anything is written: every
+process posts its plan (options and tree structure) and a mismatch fails them all
+(:mod:`nbckpt.engine.save.agreement`); a step older than the newest one is refused (a
+rollback goes through ``prune_after``); and the primary claims the step's working
+directory, so that another job saving the same step is refused at once
+(:mod:`nbckpt.engine.save.ownership`). A save that does not start gives its claim back.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import uuid
+from typing import Any
+
+from nbckpt.engine.save import ownership
+from nbckpt.engine.save.advice import reason
+from nbckpt.engine.save.agreement import disagreement
+from nbckpt.engine.save.commit import CommitStrategy
+from nbckpt.engine.save.prune import records
+from nbckpt.engine.sync.barriers import Synchronizer, next_sequence
+from nbckpt.errors import (
+    CommitRefusedError,
+    DisagreementError,
+    ForeignEntryError,
+    PeerFailedError,
+    RollbackRefusedError,
+    RootNotWritableError,
+    StepBusyError,
+    StepExistsError,
+    StepNotFoundError,
+    StorageError,
+)
+from nbckpt.formats.layout import all_steps, is_complete, latest_step, step_dir
+from nbckpt.protocol import Kind, Status, new_op_id
+from nbckpt.storage import Location
+
+__all__ = ["Preflight"]
+
+
+def _probe_writable(root: Location, process: int) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    probe = root / f".nbckpt-probe-{process}-{uuid.uuid4().hex[:8]}"
+    probe.write_bytes(b"")
+    probe.unlink()
+
+
+def _raise_problem(root: Location, process: int, problem: dict[str, Any]) -> None:
+    """Raise, on every process alike, the error one process's preflight found."""
+    kind = problem.get("kind")
+    if kind == "root":
+        raise RootNotWritableError(str(root), process, problem["reason"])
+    if kind == "exists":
+        raise StepExistsError(problem["path"])
+    if kind == "foreign":
+        raise ForeignEntryError(problem["path"])
+    if kind == "replace_in_place":
+        raise CommitRefusedError(problem["path"])
+    if kind == "store":
+        raise PeerFailedError(process, f"{problem['reason']}; nothing was saved or restored")
+    if kind == "busy":
+        raise StepBusyError(problem["path"], problem.get("owner") or {})
+    if kind == "rollback":
+        raise RollbackRefusedError(str(root), problem["at"], problem["newer"])
+    if kind == "missing":
+        raise StepNotFoundError(str(root), problem.get("wanted"), all_steps(root))
+    raise PeerFailedError(process, str(problem.get("reason", Status.FAILED)))
+
+
+class Preflight:
+    """The agreement that starts every save and restore of one checkpointer.
+
+    Parameters
+    ----------
+    sync
+        The synchronizer of the checkpointer's processes.
+    root
+        The checkpoint root.
+    primary
+        The process that creates directories and picks the operation id.
+    """
+
+    def __init__(self, sync: Synchronizer, root: Location, primary: int) -> None:
+        self.sync = sync
+        self.root = root
+        self.primary = primary
+        self._stale_keys: list[str] = []
+        #: The working directory this process (the primary) claimed in the last agreement.
+        self._claimed: Location | None = None
+        #: The host name of each process, as the last agreement gathered them.
+        self.hosts: dict[int, str] = {}
+
+    def _problem(
+        self,
+        kind: str,
+        step: int | None,
+        local: BaseException | None,
+        strategy: CommitStrategy | None,
+        force: bool,
+        op: str,
+    ) -> dict[str, Any]:
+        """What this process found wrong, as JSON-able data (the primary adds the step)."""
+        if local is not None:
+            return {"kind": "local", "reason": reason(local, self.root)}
+        try:
+            return self._check(kind, step, strategy, force, op)
+        except StorageError as e:
+            # The store failed a request: shared like any problem, so that every process
+            # fails at once instead of waiting for this one.
+            return {"kind": "store", "reason": str(e)}
+
+    def _check(
+        self, kind: str, step: int | None, strategy: CommitStrategy | None, force: bool, op: str
+    ) -> dict[str, Any]:
+        is_primary = self.sync.process_index == self.primary
+        if kind == Kind.SAVE:
+            assert strategy is not None and step is not None
+            try:
+                _probe_writable(self.root, self.sync.process_index)
+            except StorageError:
+                raise
+            except OSError as e:
+                return {"kind": "root", "reason": e.strerror or str(e)}
+            if is_primary:
+                return self._save_problem(step, strategy, force, op)
+        elif is_primary:
+            found = latest_step(self.root) if step is None else step
+            if found is None or not is_complete(step_dir(self.root, found)):
+                return {"kind": "missing", "wanted": step}
+            return {"step": found}
+        return {}
+
+    def _save_problem(
+        self, step: int, strategy: CommitStrategy, force: bool, op: str
+    ) -> dict[str, Any]:
+        """Primary: why this save must not start; else claim its working directory."""
+        found = strategy.problem(self.root, step, force)
+        if found:
+            return found
+        # Only the steps above this one are read: none, on the usual path.
+        later = [s for s in all_steps(self.root) if s > step]
+        newer = [r.step for r in records(self.root, later)] if later else []
+        if newer:
+            # A save below the newest step would be deleted by retention at once, and a
+            # restore of the latest would still pick the abandoned run's step. Only
+            # nbckpt's steps count: Orbax's in the same root are not this run's.
+            return {"kind": "rollback", "at": step, "newer": newer}
+        work = strategy.work_dir(self.root, step)
+        record = ownership.owner_record(op, strategy.mode, step)
+        refused = ownership.claim(self.root, step, work, record)
+        if refused:
+            return refused
+        self._claimed = work
+        return {}
+
+    def agree(
+        self,
+        kind: Kind,
+        step: int | None,
+        timeout_s: float,
+        local: BaseException | None,
+        *,
+        strategy: CommitStrategy | None = None,
+        force: bool = False,
+        key: str | None = None,
+        plan: dict[str, Any] | None = None,
+    ) -> tuple[str, int | None]:
+        """Check on every process and agree on an op id; return it and the step.
+
+        For a restore of the latest step (``step`` None), the step is the primary's
+        choice. ``local`` is an error this process met before the operation (its
+        tree, its target): it is shared, then raised here as the caller raised it.
+        ``plan`` (a save's options and tree structure, see
+        :mod:`nbckpt.engine.save.agreement`) must be the same on every process.
+        """
+        seq = f"key-{key}" if key is not None else f"seq{next_sequence()}"
+        me = self.sync.process_index
+        # The primary names the operation first: its claim on the step records it.
+        op = new_op_id(kind, step if step is not None else 0)
+        self._claimed = None
+        problem = self._problem(kind, step, local, strategy, force, op)
+        # The host rides along, so that every process knows, alike, which ones share a
+        # host (a restore plans its reads of replicated leaves by it).
+        mine: dict[str, Any] = {"problem": problem, "host": socket.gethostname()}
+        if plan is not None and local is None:
+            mine["plan"] = plan
+        if me == self.primary:
+            step = problem.pop("step", step)
+            if kind != Kind.SAVE:
+                op = new_op_id(kind, step if step is not None else 0)
+            mine["op"] = op
+            mine["step"] = step
+        try:
+            answers = self.sync.gather(seq, "preflight", json.dumps(mine), timeout_s=timeout_s)
+        except BaseException:
+            self.release(op)
+            raise
+        # Everyone has passed the keys of earlier operations: the primary drops them.
+        if me == self.primary:
+            for stale in self._stale_keys:
+                self.sync.cleanup(stale)
+            self._stale_keys.clear()
+        self._stale_keys.append(seq)
+        parsed = {p: json.loads(v) for p, v in sorted(answers.items())}
+        self.hosts = {p: str(a["host"]) for p, a in parsed.items() if a.get("host")}
+        try:
+            if local is not None:
+                raise local
+            plans = {p: a["plan"] for p, a in parsed.items() if isinstance(a.get("plan"), dict)}
+            differs = disagreement(plans) if len(plans) == len(parsed) else None
+            if differs:
+                raise DisagreementError(differs)
+            for p, answer in parsed.items():
+                if answer.get("problem"):
+                    _raise_problem(self.root, p, answer["problem"])
+        except BaseException:
+            # Nothing was written but the claim: give the step back.
+            self.release(op)
+            raise
+        op = str(parsed[self.primary]["op"])
+        self._stale_keys.append(op)
+        return op, parsed[self.primary].get("step")
+
+    def release(self, op: str) -> None:
+        """Give back the working directory this process claimed for ``op``, if it did."""
+        if self._claimed is not None:
+            ownership.release(self._claimed, op)
+            self._claimed = None

@@ -1,0 +1,251 @@
+"""The blocking part of a save: decide what this process writes and keep it safe.
+
+What a save writes must outlive the call: training goes on once ``save`` returns, and
+a jitted step that donates the saved arrays (``donate_argnums``) deletes them and
+reuses their buffers. So every shard this process writes is copied to host memory
+here: the copies of all shards are started at once (``copy_to_host_async``) and then
+awaited; on a CPU device, where the host view of an array is its device buffer, the
+shard is copied outright. NumPy arrays can be mutated by the caller, so the process
+that writes them copies them too, in native byte order (what the checksums and the
+stored dtype describe).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import numpy as np
+
+from nbckpt.engine.arrays.tree import EMPTY, Leaf, path_str
+from nbckpt.engine.arrays.zarr import DEFAULT_CHUNK_BYTES, chunk_regions, chunk_shape
+from nbckpt.formats.orbax_write import scalar_array_dtype
+
+__all__ = [
+    "SPLIT_MIN_BYTES",
+    "ShardWrite",
+    "Snapshot",
+    "describe_sharding",
+    "replica_count",
+    "take_snapshot",
+]
+
+
+#: A shard held by several devices is split among its replicas, each writing some of
+#: its chunks, only if every replica then writes at least this much: smaller leaves
+#: (biases, counters) are not worth more files.
+SPLIT_MIN_BYTES = 1 << 20
+
+
+@dataclass
+class ShardWrite:
+    """One region of one leaf that this process writes.
+
+    A shard replicated on ``parts`` devices is written by all of them: the replica
+    ``part`` writes the chunks whose position among the shard's chunks (in
+    :func:`nbckpt.engine.save.writer.chunk_regions` order) is ``part`` modulo ``parts``.
+    """
+
+    leaf: str
+    index: tuple[slice, ...]
+    data: Any  # a numpy array (a single-device jax.Array until the snapshot copied it)
+    nbytes: int
+    part: int = 0
+    parts: int = 1
+
+
+@dataclass
+class Snapshot:
+    """What this process saves: every leaf's metadata, and its own writes.
+
+    ``empty`` records the tree's empty nodes (``None``, empty containers), which have
+    no leaf: ``{"path": [[kind, key], ...], "node": "none" | "list" | "dict"}`` each,
+    written as the ``empty`` field of the step's metadata, so that a restore without
+    a target puts them, and every leaf after them, back where they were.
+    """
+
+    leaves: list[dict[str, Any]] = field(default_factory=list)
+    writes: list[ShardWrite] = field(default_factory=list)
+    empty: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes this process will write."""
+        return sum(w.nbytes for w in self.writes)
+
+
+def describe_sharding(sharding: Any) -> dict[str, Any]:
+    """Return a JSON-able description of a sharding (enough to rebuild a NamedSharding)."""
+    if isinstance(sharding, jax.sharding.NamedSharding):
+        mesh = sharding.mesh
+        spec = [list(p) if isinstance(p, tuple) else p for p in sharding.spec]
+        return {
+            "type": "named",
+            "axis_names": [str(a) for a in mesh.axis_names],
+            "mesh_shape": [int(s) for s in mesh.devices.shape],
+            "spec": spec,
+            # Orbax's record of a sharding names the devices and axis types too, so
+            # that a restore without a target puts each shard where it was.
+            "device_ids": np.asarray(mesh.device_ids).tolist(),
+            "axis_types": [getattr(t, "name", str(t)) for t in mesh.axis_types],
+        }
+    if isinstance(sharding, jax.sharding.SingleDeviceSharding):
+        return {"type": "single_device", "device": str(next(iter(sharding.device_set)))}
+    return {"type": type(sharding).__name__}
+
+
+def replica_count(sharding: jax.sharding.Sharding, shape: tuple[int, ...]) -> int:
+    """How many devices hold each shard of an array of ``shape`` under ``sharding``."""
+    boxes = {
+        tuple(sl.indices(d)[:2] for sl, d in zip(index, shape, strict=True))
+        for index in sharding.devices_indices_map(shape).values()
+    }
+    return max(1, len(sharding.device_set) // max(1, len(boxes)))
+
+
+def _scalar_json(value: bool | int | float | complex) -> Any:
+    if isinstance(value, complex):
+        return [value.real, value.imag]
+    return value
+
+
+def take_snapshot(
+    leaves: list[Leaf], *, process: int, process_count: int, primary: int
+) -> Snapshot:
+    """Build this process's snapshot of ``leaves``.
+
+    A shard of a global ``jax.Array`` is written by the process that holds its replica
+    0, so a replicated shard is written exactly once. Arrays that are local to each
+    process (NumPy arrays, fully addressable jax arrays when several processes run)
+    are taken to be the same everywhere and are written by the primary only.
+
+    Every shard of a jax array this process writes is copied to host memory before it
+    returns (see the module's description): the arrays may be donated or deleted as
+    soon as it has.
+
+    Raises
+    ------
+    ValueError
+        If a jax array was already deleted (for example donated to a jitted call).
+    """
+    snap = Snapshot()
+    for leaf in leaves:
+        if leaf.kind == EMPTY:
+            snap.empty.append({"path": [list(p) for p in leaf.path], "node": leaf.value})
+            continue
+        try:
+            _snapshot_leaf(snap, leaf, process, process_count, primary)
+        except (ValueError, RuntimeError) as e:
+            raise type(e)(f"cannot snapshot leaf {path_str(leaf.path)}: {e}") from e
+    # Every copy to host was started above; waiting for them one by one overlaps them.
+    layout = {m["name"]: (m["shape"], m["chunks"]) for m in snap.leaves if "chunks" in m}
+    for w in snap.writes:
+        if isinstance(w.data, jax.Array):
+            w.data = _host_copy(w, *layout[w.leaf])
+    return snap
+
+
+def _host_copy(w: ShardWrite, shape: list[int], chunks: list[int]) -> np.ndarray:
+    """Return a host copy of ``w``'s shard that no later use of the array can change.
+
+    On a CPU device ``np.asarray`` is a view of the device buffer, which a donation
+    hands to the next computation: the chunks this process writes are copied out of it
+    (of a shard split among its replicas, only this replica's share; the rest of the
+    copy is never touched, so it takes no memory). Elsewhere it is the host copy that
+    ``copy_to_host_async`` made, which the array's deletion leaves alone.
+    """
+    data = w.data
+    if not all(d.platform == "cpu" for d in data.devices()):
+        return np.asarray(data)
+    view = np.asarray(data)
+    if w.parts == 1:
+        return np.array(view, copy=True)
+    out = np.empty_like(view)
+    for i, (_, local) in enumerate(chunk_regions(w.index, tuple(shape), tuple(chunks))):
+        if i % w.parts == w.part:
+            out[local] = view[local]
+    return out
+
+
+def _snapshot_leaf(
+    snap: Snapshot, leaf: Leaf, process: int, process_count: int, primary: int
+) -> None:
+    """Add one leaf's metadata, and this process's writes of it, to ``snap``."""
+    meta: dict[str, Any] = {
+        "name": leaf.name,
+        "path": [list(p) for p in leaf.path],
+        "kind": leaf.kind,
+    }
+    if leaf.kind == "scalar":
+        meta["py_type"] = type(leaf.value).__name__
+        meta["value"] = _scalar_json(leaf.value)
+        # Stored as a 0-d array too, which is where Orbax reads a scalar from; nbckpt
+        # restores the inline value.
+        scalar_dtype = scalar_array_dtype(leaf.value)
+        if scalar_dtype is not None:
+            meta.update(shape=[], dtype=scalar_dtype, chunks=[])
+            if process == primary:
+                value = np.asarray(leaf.value, dtype=scalar_dtype)
+                snap.writes.append(ShardWrite(leaf.name, (), value, value.nbytes))
+        snap.leaves.append(meta)
+        return
+    value = leaf.value
+    dtype = np.dtype(value.dtype)
+    if not dtype.isnative:
+        # The stored array and its checksums are native; so is what a restore returns.
+        dtype = dtype.newbyteorder("=")
+    shape = tuple(int(s) for s in value.shape)
+    meta["shape"] = list(shape)
+    meta["dtype"] = dtype.name
+    if leaf.key_impl is not None:
+        meta["key_impl"] = leaf.key_impl
+    if leaf.kind == "jax":
+        if value.is_deleted():
+            raise ValueError(
+                "it was deleted before the save (donated to a jitted call?); save "
+                "before donating, or donate a copy"
+            )
+        sharding = value.sharding
+        meta["sharding"] = describe_sharding(sharding)
+        shard_shape = sharding.shard_shape(shape)
+        local = process_count > 1 and value.is_fully_addressable
+        # Replicas of one shard split its chunks among them, so a replicated leaf is
+        # written once per job by every process that holds it, not by one alone.
+        parts = 1 if local else replica_count(sharding, shape)
+        shard_bytes = math.prod(shard_shape) * dtype.itemsize
+        if parts > 1 and shard_bytes < parts * SPLIT_MIN_BYTES:
+            parts = 1
+        if parts == 1:
+            chunks = chunk_shape(shard_shape, dtype.itemsize)
+        else:
+            split = min(DEFAULT_CHUNK_BYTES, -(-shard_bytes // parts))
+            chunks = chunk_shape(shard_shape, dtype.itemsize, max_bytes=split)
+        if not local or process == primary:
+            for shard in value.addressable_shards:
+                if shard.replica_id >= parts:
+                    continue
+                data = shard.data
+                data.copy_to_host_async()
+                nbytes = sum(
+                    math.prod(sl.stop - sl.start for sl in region) * dtype.itemsize
+                    for i, (region, _) in enumerate(chunk_regions(shard.index, shape, chunks))
+                    if i % parts == shard.replica_id
+                )
+                snap.writes.append(
+                    ShardWrite(leaf.name, shard.index, data, nbytes, shard.replica_id, parts)
+                )
+        meta["chunks"] = chunks
+        snap.leaves.append(meta)
+        return
+    else:
+        shard_shape = shape
+        meta["sharding"] = None
+        if process == primary:
+            copy = np.array(value, dtype=dtype, copy=True)
+            snap.writes.append(
+                ShardWrite(leaf.name, tuple(slice(None) for _ in shape), copy, copy.nbytes)
+            )
+    meta["chunks"] = chunk_shape(shard_shape, dtype.itemsize)
+    snap.leaves.append(meta)

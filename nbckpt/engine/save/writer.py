@@ -1,0 +1,279 @@
+"""The background write: this process's shards, chunk by chunk, with progress."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import tensorstore as ts
+
+from nbckpt.engine import hooks
+from nbckpt.engine.arrays.zarr import (
+    ZARRAY,
+    chunk_key,
+    chunk_regions,
+    create_array_async,
+    open_for_write_async,
+)
+from nbckpt.engine.save.snapshot import Snapshot
+from nbckpt.formats import checksum as _checksum
+from nbckpt.storage import Location
+
+__all__ = [
+    "ProgressReport",
+    "array_leaves",
+    "chunk_key",
+    "chunk_regions",
+    "create_arrays",
+    "write_shards",
+]
+
+
+def create_arrays(directory: Location, snap: Snapshot, *, sync: bool = True) -> list[Location]:
+    """Create the (empty) zarr array of every array leaf under ``directory``.
+
+    All creations are started before any is waited for: each one makes a directory
+    and writes a ``.zarray`` file, and one after the other they add up. With ``sync``
+    each ``.zarray`` is fsync'd; without, the caller makes the files returned durable.
+
+    Returns
+    -------
+    list
+        The ``.zarray`` file of every array created.
+    """
+    leaves = array_leaves(snap)
+    futures = [
+        create_array_async(
+            directory / meta["name"],
+            meta["shape"],
+            np.dtype(meta["dtype"]),
+            meta["chunks"],
+            sync=sync,
+        )
+        for meta in leaves
+    ]
+    for f in futures:
+        f.result()
+    return [directory / meta["name"] / ZARRAY for meta in leaves]
+
+
+def array_leaves(snap: Snapshot) -> list[dict[str, Any]]:
+    """The leaves stored as arrays: every one but a Python number no array can hold.
+
+    Python numbers are arrays too (0-d, where Orbax reads them); their metadata keeps
+    the inline value, which is what nbckpt restores.
+    """
+    return [meta for meta in snap.leaves if "chunks" in meta]
+
+
+class ProgressReport:
+    """Report bytes done in steps: every eighth of the total, or every interval.
+
+    Parameters
+    ----------
+    report
+        Called with the bytes done so far (strictly more than the last call's).
+    total
+        The bytes the work will do in all.
+    interval_s
+        The longest time between two reports while bytes keep getting done.
+    steps
+        Reports per whole, however fast the work runs: a report is due whenever
+        another ``total / steps`` bytes are done since the last one.
+
+    Notes
+    -----
+    Both rules together mean that a job of many pieces reports several times even when
+    it runs faster than ``interval_s`` (a view then shows steps, not 0 then 100 %), and a
+    slow one at least every ``interval_s`` once a piece completes. The last piece is not
+    reported: the event that ends the phase carries the final count.
+    """
+
+    def __init__(
+        self,
+        report: Callable[[int], None] | None,
+        total: int,
+        *,
+        interval_s: float = 0.2,
+        steps: int = 8,
+    ) -> None:
+        self._report = report
+        self.total = total
+        self.interval_s = interval_s
+        self._step = max(1, total // max(1, steps))
+        self.done = 0
+        self._reported = 0
+        self._last = time.monotonic()
+        #: How many reports were made.
+        self.count = 0
+
+    def add(self, nbytes: int) -> None:
+        """Count ``nbytes`` more done; report if a report is due."""
+        self.done += nbytes
+        if self._report is None or self.done <= self._reported or self.done >= self.total:
+            return
+        now = time.monotonic()
+        if self.done - self._reported >= self._step or now - self._last >= self.interval_s:
+            self._report(self.done)
+            self._reported, self._last = self.done, now
+            self.count += 1
+
+
+def write_shards(
+    directory: Location,
+    snap: Snapshot,
+    progress: Callable[[int], None] | None = None,
+    progress_interval_s: float = 0.2,
+    watch: Callable[[], None] | None = None,
+    watch_interval_s: float = 0.5,
+    checksums: dict[str, Any] | None = None,
+    open_store: Callable[[str], ts.Future[ts.TensorStore]] | None = None,
+    issued: Callable[[], None] | None = None,
+) -> int:
+    """Write this process's shards into the arrays under ``directory``.
+
+    All chunk writes are issued at once so tensorstore overlaps them; each completes
+    only once its file is fsync'd. ``progress`` receives the bytes durable so far
+    (chunks counted in the order they were issued), as :class:`ProgressReport` says:
+    after each eighth of the bytes, and at least every ``progress_interval_s`` while
+    chunks complete, from the first one on (also while later writes are still being
+    issued); ``write_done`` carries the last count. ``watch`` runs every
+    ``watch_interval_s`` seconds while writes are pending; it raises to abort (a dead
+    or failed peer). ``checksums``, if given, receives the checksum of every
+    chunk written, by leaf and zarr chunk key (``"0.3"``), and under
+    ``nbckpt.formats.checksum.ALGORITHM_KEY`` the name of the algorithm, so that it is the
+    complete content of a checksums file (see :mod:`nbckpt.formats.checksum`); restore and
+    fsck verify against it. ``open_store``, given a leaf's name, starts opening the
+    tensorstore to write it into and returns the future (by default its zarr array
+    under ``directory``, opened from the snapshot's metadata: its ``.zarray`` need not
+    exist yet). ``issued`` runs once every write is issued and every checksum is in
+    ``checksums``, while the writes are still in flight.
+
+    Under an injected slowdown (``%ckpt_fault slow-io``, :func:`hooks.io_slowdown`
+    ``factor`` > 1) the chunks are written one at a time instead, and after each one
+    the writer sleeps ``factor - 1`` times as long as that chunk took: the write phase
+    then takes ``factor`` times as long as writing its chunks one by one. (Stretching
+    the time between completions of writes issued together would not: the writes in
+    flight complete during the sleep, and the stretch is lost.)
+
+    Returns
+    -------
+    int
+        Bytes written.
+    """
+    metas = {m["name"]: m for m in array_leaves(snap)}
+    chunks_of = {name: m["chunks"] for name, m in metas.items()}
+    shapes_of = {name: m["shape"] for name, m in metas.items()}
+
+    def open_leaf(leaf: str) -> ts.Future[ts.TensorStore]:
+        m = metas[leaf]
+        return open_for_write_async(directory / leaf, m["shape"], np.dtype(m["dtype"]), m["chunks"])
+
+    opener = open_store or open_leaf
+    # Every leaf's opening is started before any is waited for.
+    openings = {w.leaf: opener(w.leaf) for w in snap.writes}
+    stores: dict[str, Any] = {}
+    slowdown = hooks.io_slowdown()
+    waiter = _Waiter(watch, watch_interval_s)
+    report = ProgressReport(progress, snap.nbytes, interval_s=progress_interval_s)
+    #: Writes not issued yet (slowed down only), and writes in flight, in issue order.
+    deferred: list[tuple[Any, Any, int]] = []
+    pending: list[tuple[Any, int]] = []
+    counted = 0  # the writes in ``pending`` whose bytes ``report`` has counted
+    algorithm = _checksum.default_algorithm()
+    if checksums is not None:
+        checksums[_checksum.ALGORITHM_KEY] = algorithm
+    try:
+        for w in snap.writes:
+            store = stores.get(w.leaf)
+            if store is None:
+                store = stores[w.leaf] = openings[w.leaf].result()
+            host = np.asarray(w.data)  # for a device array, waits for its host copy
+            itemsize = host.dtype.itemsize
+            regions = chunk_regions(w.index, shapes_of[w.leaf], chunks_of[w.leaf])
+            for i, (glob, local) in enumerate(regions):
+                if i % w.parts != w.part:
+                    continue  # another replica of this shard writes that chunk
+                part = host[local]
+                nbytes = math.prod(part.shape) * itemsize
+                if slowdown > 1:
+                    deferred.append((store[glob], part, nbytes))
+                else:
+                    fut = store[glob].write(part, can_reference_source_data_indefinitely=True)
+                    pending.append((fut, nbytes))
+                if checksums is not None:
+                    # Computed while tensorstore's threads write the chunk; neither CRC
+                    # holds the GIL while it runs.
+                    key = chunk_key(glob, chunks_of[w.leaf])
+                    checksums.setdefault(w.leaf, {})[key] = _checksum.checksum(part, algorithm)
+                # Issuing (host copies, checksums) can take seconds: report what completed.
+                while counted < len(pending) and pending[counted][0].done():
+                    pending[counted][0].result()
+                    report.add(pending[counted][1])
+                    counted += 1
+        if issued is not None:
+            issued()
+        for fut, nbytes in pending[counted:]:
+            waiter.wait(fut)
+            report.add(nbytes)
+        for target, part, nbytes in deferred:
+            t0 = time.monotonic()
+            fut = target.write(part, can_reference_source_data_indefinitely=True)
+            pending.append((fut, nbytes))  # settled too if the wait gives up
+            waiter.wait(fut)
+            # Fault injection: this chunk takes ``slowdown`` times as long as it did.
+            waiter.sleep((slowdown - 1) * (time.monotonic() - t0))
+            report.add(nbytes)
+    except BaseException:
+        # Writes still in flight would land after this save gave up, into a directory
+        # that a retry of the step may own by then: none may outlive the failure.
+        _settle(pending)
+        raise
+    return report.done
+
+
+#: How long a failed write waits for the chunk writes it had issued to settle.
+SETTLE_TIMEOUT_S = 60.0
+
+
+def _settle(pending: list[tuple[Any, int]], timeout_s: float = SETTLE_TIMEOUT_S) -> None:
+    """Wait until each write in flight has completed or failed (at most ``timeout_s``).
+
+    Not cancelled: a tensorstore write that has started goes on to the file even once
+    its future is cancelled, so only its completion shows that it will not land later.
+    """
+    deadline = time.monotonic() + timeout_s
+    for fut, _ in pending:
+        # asyncio's CancelledError is no Exception: a write cancelled elsewhere is settled.
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            fut.result(timeout=max(0.0, deadline - time.monotonic()))
+
+
+class _Waiter:
+    """Wait for writes (or sleep) while running ``watch`` every ``interval_s``."""
+
+    def __init__(self, watch: Callable[[], None] | None, interval_s: float) -> None:
+        self.watch = watch
+        self.interval_s = interval_s
+
+    def wait(self, fut: Any) -> None:
+        while self.watch is not None and not fut.done():
+            self.watch()
+            try:
+                fut.result(timeout=self.interval_s)
+            except TimeoutError:
+                continue
+        fut.result()
+
+    def sleep(self, seconds: float) -> None:
+        # A slowed write still gives up soon after a peer dies.
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            if self.watch is not None:
+                self.watch()
+            time.sleep(min(left, self.interval_s))

@@ -1,0 +1,1 @@
+"""Signalling between the JAX processes: barriers, agreement, liveness, the join."""

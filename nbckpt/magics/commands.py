@@ -1,0 +1,501 @@
+"""IPython magics: ``%load_ext nbckpt``, then ``%ckpt_cluster start -n 4`` and friends.
+
+Each magic parses and checks its line with :mod:`nbckpt.magics.args` (a bad argument
+raises ``UsageError`` with the usage line before anything runs), then calls
+:mod:`nbckpt.session.client`; the live views it shows are kept by
+:class:`nbckpt.widgets._registry.LiveViews`. There is no protocol logic here. nbckpt's
+errors show as one line, without a traceback (:mod:`nbckpt.magics.errors`); ``%tb``
+shows the traceback of the last one.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_magic, magics_class
+
+from nbckpt import storage
+from nbckpt.errors import NbckptError, RenameUnavailableError, StorageError, StorageURLError
+from nbckpt.magics import args as a
+from nbckpt.magics import errors as _magic_errors
+from nbckpt.magics.cluster import (
+    check_start_root,
+    guard_px,
+    hosts_text,
+    start_cluster,
+    status_text,
+)
+from nbckpt.magics.rollback import ROLLBACK, parse_rollback_args
+from nbckpt.session import reads
+from nbckpt.session.client import CheckpointClient, SaveHandle, resolve_operation
+from nbckpt.session.cluster import JaxCluster
+from nbckpt.widgets._registry import LiveViews
+
+__all__ = ["NbckptMagics", "get_client", "load_ipython_extension"]
+
+_NO_CLUSTER = "no nbckpt cluster yet: start one with %ckpt_cluster start -n 4 --dir DIR"
+
+
+@contextmanager
+def _usage_errors() -> Iterator[None]:
+    """Turn the client's one-line ValueError about a value into a UsageError.
+
+    nbckpt's own errors that are ValueErrors too (a corrupt checkpoint) are not the
+    user's typing and raise as they are.
+    """
+    try:
+        yield
+    except ValueError as e:
+        # A root URL nbckpt cannot use is the user's typing too.
+        if isinstance(e, StorageURLError | RenameUnavailableError):
+            raise UsageError(str(e)) from None
+        if isinstance(e, NbckptError):
+            raise
+        raise UsageError(str(e)) from None
+
+
+@magics_class
+class NbckptMagics(Magics):
+    """The ``%ckpt_*`` magics. One cluster and one client per IPython session.
+
+    Attributes
+    ----------
+    cluster, client
+        The cluster ``%ckpt_cluster`` started or attached, and its client (or None).
+    views
+        The live views the magics showed, by operation id or barrier key.
+    """
+
+    def __init__(self, shell: Any) -> None:
+        super().__init__(shell)
+        self.cluster: JaxCluster | None = None
+        self.client: CheckpointClient | None = None
+        self.views = LiveViews(shell)
+
+    def _client(self) -> CheckpointClient:
+        if self.client is None:
+            raise UsageError(_NO_CLUSTER)
+        return self.client
+
+    def _root(self, directory: str | None, magic: str) -> str:
+        """The root a magic reads: DIR, else the cluster's --dir (no cluster needed)."""
+        if self.client is not None:
+            with _usage_errors():
+                return self.client.root(directory)
+        if directory is None:
+            raise UsageError(
+                f"%{magic} needs a directory: %{magic} DIR, or start the cluster with --dir"
+            )
+        with _usage_errors():
+            return str(storage.location(directory))
+
+    # -- cluster ---------------------------------------------------------------------
+
+    @a.CLUSTER
+    @line_magic
+    def ckpt_cluster(self, line: str) -> None:
+        """Start, attach to, show, stop or restart the cluster of JAX processes.
+
+        ``start`` launches N ipyparallel engines, joins them with jax.distributed
+        (engine i is process i; process 0 hosts the coordination service) and makes
+        ``%px`` / ``%%px`` run on all of them. ``restart`` replaces every engine (a JAX
+        process cannot rejoin a job). ``start`` checks ``--dir`` before it starts any
+        process, and stops what it started if it fails later. After a process died,
+        ``%px`` says which one, and that ``restart`` is the way on.
+        """
+        args = a.parse_cluster_args(line)
+        if args.action in ("start", "attach"):
+            self._start(args)
+            return
+        if self.cluster is None:
+            raise UsageError(_NO_CLUSTER)
+        if args.action == "stop":
+            seconds = self.cluster.stop()
+            self.cluster = self.client = None
+            print(f"cluster stopped in {seconds:.1f} s")
+        elif args.action == "restart":
+            self.cluster.restart()  # activates %px on the new engines, as start does
+            guard_px(self.shell, lambda: self.cluster)
+            self._client().handles.clear()
+            print(
+                f"{len(self.cluster.engine_ids)} fresh JAX processes ready in "
+                f"{self.cluster.timings['ready_s']:.1f} s (cluster id "
+                f"{self.cluster.cluster_id}); rebuild or %ckpt_restore your state"
+            )
+        else:
+            print(f"cluster id {self.cluster.cluster_id}, coordinator {self.cluster.coordinator}")
+            for s in self.cluster.status():
+                print(
+                    f"process {s['process']}: {s['local_devices']} of {s['devices']} devices, "
+                    f"host {s['host']}, pid {s['pid']}"
+                )
+
+    def _start(self, args: a.ClusterArgs) -> None:
+        if self.cluster is not None:
+            raise UsageError("a cluster is running already; %ckpt_cluster stop it first")
+        # Checked before anything starts: a bad root must not leave processes behind.
+        # Attached engines may run elsewhere: their root is theirs to check.
+        root = check_start_root(args.directory, args.engines if args.action == "start" else "")
+        cluster = start_cluster(args)  # stops what it started if it fails
+        try:
+            client = CheckpointClient(cluster, root)
+            cluster.register_root(client.directory)  # the lab sidebar offers this root
+            cluster.activate_px()  # %px waits for the engines and shows their output
+        except BaseException:
+            if args.action == "start":  # never lose track of processes nbckpt started
+                cluster.stop()
+            raise
+        self.cluster, self.client = cluster, client
+        _magic_errors.install(self.shell)  # ipyparallel's RemoteError is imported now
+        guard_px(self.shell, lambda: self.cluster)
+        took = f" in {cluster.timings['ready_s']:.1f} s" if "ready_s" in cluster.timings else ""
+        print(
+            f"{len(cluster.engine_ids)} JAX processes ready{took} on {hosts_text(cluster)} "
+            f"(cluster id {cluster.cluster_id}, coordinator {cluster.coordinator}); %px and "
+            "%%px run on all of them"
+            + (f"; checkpoints go to {self.client.directory}" if args.directory else "")
+        )
+
+    # -- checkpoints -----------------------------------------------------------------
+
+    @a.SAVE
+    @line_magic
+    def ckpt_save(self, line: str) -> SaveHandle:
+        """Save VAR from every engine as a step; returns its handle at once.
+
+        The engines take a short snapshot and go on; the write and the commit run in
+        the background. ``--wait`` blocks until the step is committed, then returns the
+        handle too (``h = %ckpt_save state --step 1 --wait``). Unless
+        ``--quiet``, a widget shows each process's phase, bytes written, barriers and
+        commit, updated by itself from the journal (text bars without widgets).
+
+        The snapshot is a copy: the engines may donate the saved arrays right after.
+        Every engine must save the same tree with the same options, or nothing is
+        written. A step another save is writing is refused, naming it; so is a step
+        older than the newest one (``%ckpt_rollback STEP`` first).
+        """
+        args = a.parse_save_args(line)
+        client = self._client()
+        with _usage_errors():
+            handle = client.save(
+                args.var,
+                args.step,
+                directory=args.directory,
+                mode=args.mode,
+                force=args.force,
+                timeout_s=args.timeout_s,
+                metrics=args.metrics,
+                format=args.format,
+            )
+        bars = None if args.quiet else self.views.follow(handle.root, handle.op, text=args.wait)
+        if not args.wait:
+            print(
+                f"saving step {args.step} to {handle.root} in the background (snapshot took "
+                f"{max(handle.blocked_s) * 1e3:.0f} ms); %ckpt_wait waits for it"
+            )
+            return handle
+        try:
+            rec = handle.wait()
+        finally:
+            if bars is not None:
+                bars.close()
+        took = (rec.end or 0) - (rec.start or 0)
+        print(f"step {args.step} committed to {handle.root} ({took:.2f} s)")
+        return handle
+
+    @a.WAIT
+    @line_magic
+    def ckpt_wait(self, line: str) -> None:
+        """Wait for the saves not waited for yet, and say how each ended (or raise its error)."""
+        a.parse_wait_args(line)
+        records = self._client().wait()
+        for rec in records:
+            print(f"step {rec.step} committed ({rec.op})")
+        if not records:
+            print("no save to wait for")
+
+    @a.BARRIER
+    @line_magic
+    def ckpt_barrier(self, line: str) -> None:
+        """Wait at a coordination-service barrier on the engines and show who waited.
+
+        In a notebook, a per-process view shows when each process arrived, whom it is
+        still waiting for, and when the barrier released.
+        """
+        args = a.parse_barrier_args(line)
+        client = self._client()
+        key = uuid.uuid4().hex[:16]  # the caller picks the key, to follow the journal
+        journaled = self.views.follow_barrier(client.directory, args.name, key)
+        try:
+            with _usage_errors():
+                report = client.barrier(
+                    args.name, timeout_s=args.timeout_s, processes=args.processes, key=key
+                )
+        except BaseException:
+            self.views.drop_unjournaled(key)
+            raise
+        if not journaled:
+            self.views.show_finished_barrier(report.name, report.key, report.entered, report.left)
+        print(report.table())
+
+    @a.RESTORE
+    @line_magic
+    def ckpt_restore(self, line: str) -> None:
+        """Restore a step into VAR on every engine, laid out on the engines' current mesh.
+
+        If VAR already holds a tree on the engines, it is the target: its jax arrays and
+        ``jax.ShapeDtypeStruct`` leaves give each leaf's shape, dtype and sharding, and
+        its other leaves must keep their shape and dtype. A tree that differs from the
+        saved one is refused and VAR is left as it was. Otherwise the saved layout is used.
+        """
+        args = a.parse_restore_args(line)
+        client = self._client()
+        with _usage_errors():
+            infos = client.restore(
+                args.var,
+                args.step,
+                directory=args.directory,
+                timeout_s=args.timeout_s,
+                item=args.item,
+            )
+        print(
+            f"restored step {infos[0]['step']} into {args.var!r} on {len(infos)} processes "
+            f"({max(i['seconds'] for i in infos):.2f} s)"
+        )
+
+    @a.STATUS
+    @line_magic
+    def ckpt_status(self, line: str) -> None:
+        """Show the cluster's processes and the saves this notebook started.
+
+        A dead process is named, with how to go on (``%ckpt_cluster restart``). With OP
+        or --dir, shows one operation instead, as ``%ckpt_show`` does.
+        """
+        args = a.parse_status_args(line)
+        if args is not None:
+            self._show(args.op, args.directory)
+            return
+        print(status_text(self._client().status()))
+
+    @a.LS
+    @line_magic
+    def ckpt_ls(self, line: str) -> None:
+        """List the steps in DIR (default: the cluster's --dir): state, format, path, why.
+
+        The format says who wrote a step: ``nbckpt``, or ``orbax`` (an Orbax
+        checkpoint, which nbckpt reads and restores but never changes or deletes).
+        """
+        root = self._root(a.parse_ls_args(line).directory, "ckpt_ls")
+        try:
+            rows = reads.run(reads.LIST_STEPS, root)
+        except (FileNotFoundError, StorageError) as e:  # one line, no traceback
+            raise UsageError(str(e)) from None
+        if not rows:
+            print(f"no steps in {root}")
+        for r in rows:
+            kind = r.get("format") or "-"
+            print(f"{r['step']:>8}  {r['state']:<11}  {kind:<6}  {r['path']}  ({r['reason']})")
+
+    @a.FAULT
+    @line_magic
+    def ckpt_fault(self, line: str) -> None:
+        """Inject a fault into one process, for teaching and tests.
+
+        ``kill --process P`` (now, or ``--at`` a phase), ``stall --process P --at PHASE
+        --seconds S``, ``slow-io --process P --factor F``, ``fail-io --process P [--at
+        PHASE]`` (an OSError, by default at write); ``list`` shows what is armed,
+        ``clear`` disarms everything. An option a fault does not take is refused.
+        Faults fire as the engine's own phases start (``--at``, listed below).
+        """
+        args = a.parse_fault_args(line)
+        client = self._client()
+        with _usage_errors():
+            armed = client.fault(
+                args.action, args.process, at=args.at, seconds=args.seconds, factor=args.factor
+            )
+        if args.action == "clear":
+            print(f"cleared every fault on processes {', '.join(map(str, sorted(armed)))}")
+            return
+        for p, faults in sorted(armed.items()):
+            print(f"process {p}: {', '.join(faults) if faults else 'no faults'}")
+
+    @a.RETENTION
+    @line_magic
+    def ckpt_retention(self, line: str) -> None:
+        """Show or set which steps a checkpoint directory keeps, as Orbax users know it.
+
+        After each commit the primary removes the steps no rule keeps: the newest
+        ``--max-to-keep``, every multiple of ``--keep-period`` (for good), the
+        ``--best`` N by a ``--metric`` recorded with ``%ckpt_save --metric
+        NAME=VALUE``, and always the latest. Only steps nbckpt created are counted or
+        removed, each one crash-safely. ``--interval K`` is what
+        ``get_client().should_save(step)`` follows. Without options, shows the policy.
+        """
+        args = a.parse_retention_args(line)
+        client = self._client()
+        with _usage_errors():
+            res = client.retention(args.policy, directory=args.directory)
+        print(f"{res['root']}: {res['text']}")
+
+    @ROLLBACK
+    @line_magic
+    def ckpt_rollback(self, line: str) -> None:
+        """Delete every complete step newer than STEP, so that training goes on from STEP.
+
+        A save of a step older than the newest one is refused: retention would delete
+        it at once, and a restore would pick the newer, abandoned step. Restore STEP,
+        roll back, then save again. Only steps nbckpt created are removed, each one
+        crash-safely; Orbax steps and foreign folders are left alone.
+        """
+        args = parse_rollback_args(line)
+        with _usage_errors():
+            removed = self._client().rollback(args.step, directory=args.directory)
+        gone = ", ".join(str(s) for s in removed) if removed else "nothing"
+        print(f"rolled back to step {args.step}: removed {gone}")
+
+    @a.FSCK
+    @line_magic
+    def ckpt_fsck(self, line: str) -> None:
+        """Check a checkpoint directory: complete, in progress, abandoned, corrupt.
+
+        ``--clean`` removes abandoned entries and never a complete step; ``--verify``
+        recomputes every chunk's checksum recorded at save time. An unfinished save is
+        abandoned once silent for ``--stale-after`` seconds (600); give 0 to clear the
+        claim of a job you know is dead.
+        """
+        args = a.parse_fsck_args(line)
+        root = self._root(args.directory, "ckpt_fsck")
+        try:
+            stale = {} if args.stale_after_s is None else {"stale_after_s": args.stale_after_s}
+            report = reads.run(reads.FSCK, root, clean=args.clean, verify=args.verify, **stale)
+        except (FileNotFoundError, StorageError) as e:  # one line, no traceback
+            raise UsageError(str(e)) from None
+        print(report.table())
+
+    # -- one operation, from its journal -----------------------------------------------
+
+    def _operation(self, op: str | None, directory: str | None) -> tuple[str, str]:
+        with _usage_errors():
+            return resolve_operation(op, directory, self.client)
+
+    def _show(self, op: str | None, directory: str | None) -> None:
+        text = self.views.show(*self._operation(op, directory))
+        if text is not None:
+            print(text)
+
+    @a.SHOW
+    @line_magic
+    def ckpt_show(self, line: str) -> None:
+        """Show one operation's per-process progress, rebuilt from its journal.
+
+        The journal is the source of truth, so this works after a kernel restart
+        (pass --dir then). A running operation keeps updating by itself. Without
+        widgets, prints one text progress line per process.
+        """
+        args = a.parse_show_args(line)
+        self._show(args.op, args.directory)
+
+    @a.WATCH
+    @line_magic
+    def ckpt_watch(self, line: str) -> None:
+        """Watch every save the engines make under a root: one row per save, newest first.
+
+        For a training loop that saves through the engine API inside ``%%px
+        --noblock``: the table follows the journal by itself until ``%ckpt_watch
+        --stop`` (a new ``%ckpt_watch`` replaces the one before). Each row: step, start,
+        state (the phase while it runs), bytes written, the blocking snapshot, how long
+        it took, its processes by status, and the failure that caused a failed save.
+        Without widgets, prints the table once.
+        """
+        args = a.parse_watch_args(line)
+        if args.stop:
+            if self.views.stop_watching():
+                print("stopped watching")
+            else:
+                print("nothing is being watched; %ckpt_watch [DIR] starts")
+            return
+        root = self._root(args.directory, "ckpt_watch")
+        text = self.views.watch_runs(root, args.last)
+        if text is not None:
+            print(text)
+
+    @a.TIMELINE
+    @line_magic
+    def ckpt_timeline(self, line: str) -> Any:
+        """Draw one operation as a matplotlib figure: a row per process, its phases.
+
+        Barrier waits are hatched with a line where each barrier released; the blocking
+        snapshot is shaded apart from the background write; a failed process's last
+        phase is outlined in red with its error. ``--last N`` draws the newest N saves
+        of the directory on one time axis instead, so what overlapped training shows.
+        Returns the figure.
+        """
+        from nbckpt.widgets.timeline import plot_timeline, plot_timelines
+
+        args = a.parse_timeline_args(line)
+        save = None if args.save is None else os.path.expanduser(args.save)
+        if args.last is not None:
+            root = self._root(args.directory, "ckpt_timeline")
+            from nbckpt.widgets.runs import newest_ops
+
+            ops = newest_ops(root, args.last)
+            if not ops:
+                raise UsageError(f"no save is journaled under {root}")
+            fig = plot_timelines(root, ops, save=save)
+            what = f"the last {len(ops)} saves"
+        else:
+            root, op = self._operation(args.op, args.directory)
+            fig = plot_timeline(root, op, save=save)
+            what = op
+        if save is not None:
+            print(f"timeline of {what} written to {os.path.abspath(save)}")
+        _show_figures_as_png(self.shell)
+        return fig
+
+
+def get_client() -> CheckpointClient:
+    """Return the client behind the magics of this IPython session.
+
+    For going past the magics in a notebook: ``get_client().cluster.view`` is the
+    DirectView on every engine, ``get_client().handles`` the saves started so far.
+
+    Raises
+    ------
+    UsageError
+        If no cluster was started with ``%ckpt_cluster``.
+    """
+    from IPython.core.getipython import get_ipython
+
+    shell = get_ipython()
+    magics = shell.magics_manager.registry.get("NbckptMagics") if shell is not None else None
+    if magics is None or magics.client is None:
+        raise UsageError(_NO_CLUSTER)
+    client: CheckpointClient = magics.client
+    return client
+
+
+def _show_figures_as_png(shell: Any) -> None:
+    """Let the shell display a returned matplotlib Figure (pyplot may never be imported)."""
+    from IPython.core.pylabtools import print_figure
+    from matplotlib.figure import Figure
+
+    formatter = shell.display_formatter.formatters["image/png"]
+    try:
+        formatter.lookup_by_type(Figure)
+    except KeyError:
+        formatter.for_type(Figure, lambda fig: print_figure(fig, "png", bbox_inches="tight"))
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """Register the ``%ckpt_*`` magics (``%load_ext nbckpt``).
+
+    nbckpt's errors then show as one line, as a UsageError does; ``%tb`` prints the
+    traceback of the last one (see :mod:`nbckpt.magics.errors`).
+    """
+    ipython.register_magics(NbckptMagics)
+    _magic_errors.install(ipython)

@@ -1,0 +1,174 @@
+"""Where the notebook reads checkpoint records: here, or on the hosts that see them.
+
+Every read the notebook makes of a checkpoint root (journals for the widgets and
+``SaveHandle``, ``%ckpt_ls``, ``%ckpt_fsck``, ``%ckpt_timeline``) goes through
+:func:`run`, by the read function's name. With a cluster on this machine it simply
+calls the function. With a cluster on other hosts, whose storage this machine may not
+mount, :class:`~nbckpt.session.cluster.JaxCluster` starts a read service on every engine
+(:mod:`nbckpt.engine.remote.relay`) and :func:`use` sends the reads there: to process 0's
+host, or the next process if that one does not answer.
+
+Nothing here imports jax.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import socket
+import threading
+from collections.abc import Sequence
+from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
+from typing import Any
+
+from nbckpt.errors import ClusterError
+
+__all__ = [
+    "IS_COMPLETE",
+    "LIST_OPERATIONS",
+    "LIST_STEPS",
+    "READS",
+    "READ_MATCHING",
+    "READ_METADATA",
+    "READ_OPERATION",
+    "FSCK",
+    "Relay",
+    "release",
+    "remote",
+    "run",
+    "use",
+]
+
+# The read functions the notebook runs where the storage is seen, by name; the engines'
+# read service runs these and nothing else.
+READ_OPERATION = "nbckpt.journal:read_operation"
+READ_MATCHING = "nbckpt.journal:read_matching"
+LIST_OPERATIONS = "nbckpt.journal:list_operations"
+IS_COMPLETE = "nbckpt.formats.layout:is_complete"
+READ_METADATA = "nbckpt.formats.layout:read_metadata"
+LIST_STEPS = "nbckpt.formats.inventory:list_steps"
+#: fsck reads, and removes only with the ``clean=True`` the user asked for.
+FSCK = "nbckpt.formats.fsck:fsck"
+READS = frozenset(
+    {READ_OPERATION, READ_MATCHING, LIST_OPERATIONS, IS_COMPLETE, READ_METADATA, LIST_STEPS, FSCK}
+)
+
+
+class Relay:
+    """A connection to the engines' read services, tried in process order.
+
+    Parameters
+    ----------
+    addresses
+        ``host:port`` of each process's service, in process order.
+    authkey
+        The key the services were started with.
+    hosts
+        The host name of each process, for messages.
+    timeout_s
+        How long one read may take before the next process is asked.
+    """
+
+    def __init__(
+        self,
+        addresses: Sequence[str],
+        authkey: bytes,
+        hosts: Sequence[str] = (),
+        timeout_s: float = 30.0,
+    ) -> None:
+        self.addresses = list(addresses)
+        self.hosts = list(hosts) or [a.rpartition(":")[0] for a in addresses]
+        self._key = authkey
+        self.timeout_s = timeout_s
+        self._conn: Connection | None = None
+        self._at = 0
+        self._lock = threading.Lock()
+
+    def _connect(self, address: str) -> Connection:
+        host, _, port = address.rpartition(":")
+        sock = socket.create_connection((host, int(port)), timeout=min(self.timeout_s, 5.0))
+        # Connection reads the raw descriptor, which must block; waits are bounded by
+        # poll() in call() instead.
+        sock.setblocking(True)
+        conn = Connection(sock.detach())
+        try:
+            answer_challenge(conn, self._key)
+            deliver_challenge(conn, self._key)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def call(self, ref: str, *args: Any, **kwargs: Any) -> Any:
+        """Run ``module:function`` on the first process that answers; return its result.
+
+        Raises
+        ------
+        ClusterError
+            If no process answers (the message names the hosts tried).
+        Exception
+            What the function raised there, as it raised it.
+        """
+        with self._lock:
+            tried = []
+            count = len(self.addresses)
+            for k in range(count):
+                i = (self._at + k) % count
+                try:
+                    if self._conn is None:
+                        self._conn = self._connect(self.addresses[i])
+                        self._at = i  # keep asking the one that answers
+                    self._conn.send((ref, args, kwargs))
+                    if not self._conn.poll(self.timeout_s):
+                        raise TimeoutError(f"no answer within {self.timeout_s:g} s")
+                    status, value = self._conn.recv()
+                except (OSError, EOFError) as e:
+                    self.close_connection()
+                    tried.append(f"process {i} on {self.hosts[i]}: {e or type(e).__name__}")
+                    continue
+                if status == "ok":
+                    return value
+                raise value
+            raise ClusterError(
+                "no host answered the read of checkpoint records (" + "; ".join(tried) + "); "
+                "the hosts see the storage, this machine may not: check the cluster with "
+                "%ckpt_cluster status"
+            )
+
+    def close_connection(self) -> None:
+        """Drop the connection; the next call connects again."""
+        if self._conn is not None:
+            with contextlib.suppress(OSError):
+                self._conn.close()
+        self._conn = None
+
+
+_relay: Relay | None = None
+
+
+def use(relay: Relay | None) -> None:
+    """Send reads to ``relay`` from now on; None reads here again."""
+    global _relay
+    if _relay is not None and _relay is not relay:
+        _relay.close_connection()
+    _relay = relay
+
+
+def release(relay: Relay | None) -> None:
+    """Read here again if reads went to ``relay`` (its cluster stopped)."""
+    if relay is not None and _relay is relay:
+        use(None)
+
+
+def remote() -> bool:
+    """Whether reads go to the hosts (a cluster on other hosts is attached)."""
+    return _relay is not None
+
+
+def run(ref: str, *args: Any, **kwargs: Any) -> Any:
+    """Call the read function ``module:function`` where the storage is seen."""
+    relay = _relay
+    if relay is not None:
+        return relay.call(ref, *args, **kwargs)
+    module, _, name = ref.partition(":")
+    return getattr(importlib.import_module(module), name)(*args, **kwargs)

@@ -1,0 +1,1 @@
+"""Views of an operation computed once from its journal, for widgets and the server."""
