@@ -2,8 +2,9 @@
 
 A cluster that spans hosts must never listen on every interface by default, nor
 advertise a loopback address to other hosts. Both questions are answered here from the
-kernel's routing table and the host's own name, without sending anything. So is
-whether a process of this host, named in a record, still runs (:func:`pid_alive`).
+kernel's routing table and the host's own name, without sending anything. So are
+which port is free here (:func:`free_port`) and whether a process of this host, named in
+a record, still runs (:func:`pid_alive`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,15 @@ import os
 import socket
 from typing import Any
 
-__all__ = ["host_info", "is_loopback", "loopback_name", "pid_alive", "route_address"]
+__all__ = [
+    "free_port",
+    "host_info",
+    "is_loopback",
+    "loopback_name",
+    "pid_alive",
+    "resolve",
+    "route_address",
+]
 
 
 def route_address(toward: str) -> str:
@@ -68,6 +77,27 @@ def host_info(toward: str) -> dict[str, Any]:
     except OSError:
         address = None
     return {"host": socket.gethostname(), "address": address, "pid": os.getpid()}
+
+
+def free_port(host: str) -> int:
+    """A TCP port free now on ``host`` (an address of this host), as the kernel picks one.
+
+    Raises
+    ------
+    OSError
+        If ``host`` is not an address of this host.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def resolve(name: str) -> str | None:
+    """The IPv4 address ``name`` resolves to here, or None."""
+    try:
+        return socket.gethostbyname(name)
+    except OSError:
+        return None
 
 
 def pid_alive(pid: int) -> bool:

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from nbckpt.errors import ClusterError
-from nbckpt.session.cluster import JaxCluster, _await_url_file, _where_stuck
+from nbckpt.session.arrivals import where_stuck as _where_stuck
+from nbckpt.session.bootstrap import await_url_file as _await_url_file
+from nbckpt.session.cluster import JaxCluster
 
 
 def _profile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:

@@ -3,10 +3,11 @@
 Two sources, neither of which needs Tornado:
 
 - :func:`running_clusters`: the records that ``%ckpt_cluster start --dir D`` writes into
-  the Jupyter runtime folder (:meth:`nbckpt.session.cluster.JaxCluster.register_root`). The
-  server shares that folder with the kernels it runs, so these are the roots the
-  notebooks use now. A record whose process is gone, or that another machine wrote
-  into a shared runtime folder, is ignored.
+  the Jupyter runtime folder (:meth:`nbckpt.session.cluster.JaxCluster.register_root`),
+  one :class:`~nbckpt.session.registry.ClusterRecord` each, written and read by
+  :mod:`nbckpt.session.registry`. The server shares that folder with the kernels it
+  runs, so these are the roots the notebooks use now. A record whose process is gone,
+  or that another machine wrote into a shared runtime folder, is ignored.
 - :func:`scan`: directories below the server's root that look like checkpoint roots
   (:func:`is_root`), found breadth first within a depth, a number of directories and
   a time budget, so a large home directory answers in bounded time, marked truncated.
@@ -15,17 +16,14 @@ Two sources, neither of which needs Tornado:
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import socket
 import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
 from nbckpt.formats.layout import STATE_DIR, TMP_SUFFIX, parse_step, step_format
-from nbckpt.netaddr import pid_alive
-from nbckpt.session.cluster import clusters_dir
+from nbckpt.session.registry import ClusterRecord, read_records
 
 __all__ = [
     "SKIPPED_DIRS",
@@ -43,31 +41,6 @@ _ENVIRONMENT_MARKS = ("pyvenv.cfg", "conda-meta")
 
 #: How many step-named subdirectories :func:`is_root` opens before giving up on a folder.
 _STEP_PROBES = 3
-
-
-@dataclass(frozen=True)
-class ClusterRecord:
-    """One running cluster's checkpoint root, as its notebook recorded it.
-
-    Attributes
-    ----------
-    root
-        The root: an absolute path or an object-store URL.
-    pid
-        The notebook kernel's process id.
-    profile
-        The ipyparallel profile, or None for the default one.
-    cluster_id
-        The cluster's id, or None.
-    time
-        When the root was registered (the cluster started), as a Unix time.
-    """
-
-    root: str
-    pid: int
-    profile: str | None
-    cluster_id: str | None
-    time: float
 
 
 @dataclass(frozen=True)
@@ -93,37 +66,15 @@ def running_clusters(folder: Path | None = None) -> list[ClusterRecord]:
     Parameters
     ----------
     folder
-        Where the records are (default :func:`nbckpt.session.cluster.clusters_dir`).
+        Where the records are (default :func:`nbckpt.session.registry.clusters_dir`).
 
     Returns
     -------
     list of ClusterRecord
-        Records that parse, were written on this machine, and whose process is alive.
+        Records that parse, were written on this machine, and whose process is alive
+        (:func:`nbckpt.session.registry.read_records`).
     """
-    folder = clusters_dir() if folder is None else folder
-    try:
-        paths = sorted(folder.glob("*.json"))
-    except OSError:
-        return []
-    host = socket.gethostname()
-    found = []
-    for path in paths:
-        try:
-            data = json.loads(path.read_text())
-            record = ClusterRecord(
-                root=str(data["root"]),
-                pid=int(data["pid"]),
-                profile=None if data.get("profile") is None else str(data["profile"]),
-                cluster_id=None if data.get("cluster_id") is None else str(data["cluster_id"]),
-                time=float(data["time"]),
-            )
-        except (OSError, ValueError, KeyError, TypeError):
-            continue  # half written, or not ours: no root to offer
-        # A pid means nothing on another machine that shares this runtime folder.
-        if data.get("host") != host or not pid_alive(record.pid):
-            continue
-        found.append(record)
-    return sorted(found, key=lambda r: r.time)
+    return read_records(folder)
 
 
 def is_root(path: Path) -> bool:
