@@ -8,6 +8,8 @@ from typing import Any as _Any
 
 from nbckpt.errors import (
     BarrierTimeoutError,
+    CallError,
+    CheckpointDataError,
     CheckpointError,
     ClusterError,
     ClusterGoneError,
@@ -15,8 +17,10 @@ from nbckpt.errors import (
     CorruptCheckpointError,
     DisagreementError,
     ForeignEntryError,
+    JobError,
     NbckptError,
     PeerDeadError,
+    PeerError,
     PeerFailedError,
     RenameUnavailableError,
     RollbackRefusedError,
@@ -25,6 +29,7 @@ from nbckpt.errors import (
     StepBusyError,
     StepExistsError,
     StepNotFoundError,
+    StorageAccessError,
     StorageError,
     StorageURLError,
 )
@@ -42,6 +47,11 @@ def load_ipython_extension(ipython: object) -> None:
 
 __all__ = [
     "BarrierTimeoutError",
+    "CallError",
+    "CheckpointDataError",
+    "JobError",
+    "PeerError",
+    "StorageAccessError",
     "CheckpointError",
     "ClusterError",
     "ClusterGoneError",

@@ -24,6 +24,11 @@ def test_engine_public_names_are_pinned():
 def test_top_level_public_names_are_pinned():
     assert set(nbckpt.__all__) == {
         "BarrierTimeoutError",
+        "CallError",
+        "CheckpointDataError",
+        "JobError",
+        "PeerError",
+        "StorageAccessError",
         "CheckpointError",
         "ClusterError",
         "ClusterGoneError",
@@ -126,3 +131,42 @@ def test_old_import_paths_still_work_for_one_release():
     assert nbckpt.client.CheckpointClient is nbckpt.session.CheckpointClient
     assert nbckpt.engine.AsyncCheckpointer.__module__ == "nbckpt.engine.checkpointer"
     assert set(nbckpt.session.__all__) == {"CheckpointClient", "JaxCluster", "SaveHandle"}
+
+
+def test_async_checkpointer_public_methods_are_pinned(tmp_path):
+    # Its work moved to collaborators (engine/context.py, reader.py, restore_entry.py,
+    # save/start.py, save/inflight.py); its public face did not change.
+    import inspect
+
+    from nbckpt.engine import AsyncCheckpointer
+
+    signatures = {
+        name: str(inspect.signature(getattr(AsyncCheckpointer, name)))
+        for name in dir(AsyncCheckpointer)
+        if not name.startswith("_") and callable(getattr(AsyncCheckpointer, name))
+    }
+    assert signatures == {
+        "check_for_errors": "(self) -> 'None'",
+        "close": "(self) -> 'None'",
+        "in_flight": "(self) -> 'bool'",
+        "prune_after": "(self, step: 'int', *, timeout_s: 'float | None' = None) -> 'list[int]'",
+        "restore": "(self, step: 'int | None' = None, target: 'Any' = None, *, "
+        "key: 'str | None' = None, timeout_s: 'float | None' = None, cast: 'bool' = False, "
+        "item: 'str | None' = None, partial: 'bool' = False) -> 'Any'",
+        "restore_from": "(self, get_target: 'Callable[[], Any]', step: 'int | None' = None, *, "
+        "key: 'str | None' = None, timeout_s: 'float | None' = None, cast: 'bool' = False, "
+        "item: 'str | None' = None, partial: 'bool' = False) -> 'Any'",
+        "save": "(self, step: 'int', tree: 'Any', *, force: 'bool' = False, "
+        "key: 'str | None' = None, mode: 'Mode | None' = None, "
+        "timeout_s: 'float | None' = None, metrics: 'Mapping[str, Any] | None' = None, "
+        "format: 'str | None' = None) -> 'None'",
+        "save_from": "(self, get_tree: 'Callable[[], Any]', step: 'int', *, force: 'bool' = False, "
+        "key: 'str | None' = None, mode: 'Mode | None' = None, "
+        "timeout_s: 'float | None' = None, metrics: 'Mapping[str, Any] | None' = None, "
+        "format: 'str | None' = None) -> 'None'",
+        "set_retention": "(self, policy: 'RetentionPolicy') -> 'None'",
+        "should_save": "(self, step: 'int') -> 'bool'",
+        "wait_until_finished": "(self) -> 'None'",
+    }
+    ckptr = AsyncCheckpointer(tmp_path)
+    assert {"process_index", "process_count", "root", "options", "last_op"} <= set(dir(ckptr))

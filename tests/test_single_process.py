@@ -224,3 +224,40 @@ def test_bad_options_and_closed(tmp_path):
     ck.close()
     with pytest.raises(Exception, match="closed"):
         ck.save(1, _state())
+
+
+def test_the_checkpointer_is_its_collaborators(tmp_path):
+    # The seams the class was split along: its read side, the processes (Context), the
+    # save in flight (InFlight); a closed checkpointer is a usage error.
+    from nbckpt.engine.context import Context
+    from nbckpt.engine.reader import CheckpointReader
+    from nbckpt.errors import CallError, PeerFailedError
+
+    ck = AsyncCheckpointer(tmp_path)
+    assert isinstance(ck, CheckpointReader)
+    assert isinstance(ck._ctx, Context) and ck._ctx.root == ck.root
+    assert ck._ctx.primary == ck.options.primary == 0
+    with pytest.raises(ValueError, match="primary"):
+        Context.connect(ck.root, 1, None)
+    ck.save(1, _state())
+    assert ck.last_op is not None and ck._inflight.job is not None
+    assert ck._inflight.job.op == ck.last_op
+    ck.wait_until_finished()
+    assert not ck._inflight.running() and ck._thread is None
+    op = ck.last_op
+    assert ck.restore(1)["one"] == 1.0 and ck.last_op != op
+    ck.close()
+    with pytest.raises(CallError, match="closed"):
+        ck.restore(1)
+    # A failure a peer reported reaches the background save's error as data.
+    ck2 = AsyncCheckpointer(tmp_path)
+
+    def peer_failed(_phase):
+        raise PeerFailedError(3, "disk full", failures={3: "disk full", 5: "gone"})
+
+    hooks.set_hook("write", peer_failed)
+    ck2.save(2, _state())
+    with pytest.raises(CheckpointError) as info:
+        ck2.wait_until_finished()
+    assert info.value.failures == {3: "disk full", 5: "gone"}
+    assert all_steps(tmp_path) == [1]

@@ -29,6 +29,7 @@ from nbckpt.errors import (
     BarrierTimeoutError,
     CheckpointError,
     PeerDeadError,
+    PeerError,
     PeerFailedError,
     StorageError,
 )
@@ -57,7 +58,7 @@ from nbckpt.protocol import (
 )
 from nbckpt.storage import Location
 
-__all__ = ["SaveJob", "cut_off", "fail"]
+__all__ = ["SaveJob", "cut_off", "fail", "failures"]
 
 
 def committed_by(final: Location, op: str) -> bool:
@@ -77,6 +78,13 @@ def _cause(error: BaseException, me: int) -> tuple[Cause, int | None]:
     if isinstance(error, BarrierTimeoutError):
         return Cause.TIMEOUT, error.missing[0] if error.missing else None
     return Cause.ERROR, me
+
+
+def failures(error: BaseException, me: int, text: str) -> dict[int, str]:
+    """Per process, the cause of a failure: the peers' own, or this process's ``text``."""
+    if isinstance(error, PeerError) and error.failures:
+        return dict(error.failures)
+    return {me: text}
 
 
 def fail(
@@ -217,7 +225,15 @@ class SaveJob:
                 previous_kept=kept,
             )
             return CheckpointError(
-                self.op, self.step, me, self.phase, text, committed, kept, unknown=unknown
+                self.op,
+                self.step,
+                me,
+                self.phase,
+                text,
+                committed,
+                kept,
+                unknown=unknown,
+                failures=failures(e, me, text),
             )
         finally:
             self.journal.close()
@@ -343,13 +359,15 @@ def cut_off(
         check_service(job.phase.replace(":", " "))
     except PeerDeadError as e:
         # Only once every process has written can the primary have committed.
+        text = reason(e, job.root)
         error = CheckpointError(
             job.op,
             job.step,
             process,
             job.phase,
-            reason(e, job.root),
+            text,
             unknown=job.written_everywhere,
+            failures=failures(e, process, text),
         )
         error.__cause__ = e
         return job, error

@@ -8,7 +8,7 @@ from typing import Any
 
 from nbckpt.engine.save.advice import reason
 from nbckpt.engine.sync.barriers import Synchronizer, next_sequence
-from nbckpt.errors import NbckptError
+from nbckpt.errors import JobError
 from nbckpt.formats.layout import FORMAT, all_steps, read_metadata, remove_aside, step_dir
 from nbckpt.formats.retention import RetentionPolicy, StepRecord
 from nbckpt.storage import Location
@@ -84,5 +84,8 @@ def prune_everywhere(
     answers = sync.gather(seq, "prune", json.dumps(answer), timeout_s=timeout_s)
     theirs = json.loads(answers[primary])
     if "error" in theirs:
-        raise NbckptError(f"prune_after({step}) failed on process {primary}: {theirs['error']}")
+        raise JobError(
+            f"prune_after({step}) failed on process {primary}: {theirs['error']}",
+            failures={primary: theirs["error"]},
+        )
     return [int(s) for s in theirs["removed"]]

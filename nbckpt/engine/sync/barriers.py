@@ -309,7 +309,7 @@ class Synchronizer:
         others.pop(self.process_index, None)
         if others:
             first = min(others)
-            raise PeerFailedError(first, others[first])
+            raise PeerFailedError(first, others[first], failures=others)
 
     def barrier(
         self, op: str, name: str, *, timeout_s: float, process_ids: Sequence[int] | None = None

@@ -1,0 +1,87 @@
+"""The restore entry: agree on the step with the other processes, then read it.
+
+The reading itself is :func:`nbckpt.engine.restore.step.restore_step`'s; this module
+adds what every restore of a checkpointer shares: the preflight agreement, the
+journal's first and last events, the read barrier, and telling the peers on failure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from nbckpt.engine.context import Context
+from nbckpt.engine.options import CheckpointerOptions, check_step
+from nbckpt.engine.restore import step as _restore
+from nbckpt.engine.restore.exchange import JobReads
+from nbckpt.engine.save.advice import reason
+from nbckpt.formats.layout import step_dir
+from nbckpt.journal import JournalWriter
+from nbckpt.protocol import READ_BARRIER, Cause, Event, Kind, Phase, check_timeout
+
+__all__ = ["restore_agreed"]
+
+
+def restore_agreed(
+    ctx: Context,
+    options: CheckpointerOptions,
+    get_target: Callable[[], Any],
+    step: int | None = None,
+    *,
+    key: str | None = None,
+    timeout_s: float | None = None,
+    cast: bool = False,
+    item: str | None = None,
+    partial: bool = False,
+) -> tuple[str, Any]:
+    """Restore a step on every process; return the operation id and the tree.
+
+    The arguments are :meth:`AsyncCheckpointer.restore_from`'s; ``options`` are the
+    checkpointer's defaults. An error raised by ``get_target`` reaches the other
+    processes through the preflight, and a failed read through their failure keys.
+
+    Raises
+    ------
+    NbckptError, KeyError, ValueError
+        As :meth:`AsyncCheckpointer.restore` documents.
+    """
+    ctx.health.check_service("the start of a restore")
+    if step is not None:
+        step = check_step(step)
+    timeout = check_timeout(timeout_s or options.timeout_s, "timeout_s")
+    local: BaseException | None = None
+    target = None
+    try:
+        target = get_target()
+    except Exception as e:
+        local = e
+    op, step = ctx.preflight.agree(Kind.RESTORE, step, timeout, local)
+    assert step is not None
+    me = ctx.sync.process_index
+    journal = JournalWriter(ctx.root, op, me, Kind.RESTORE, step)
+    journal.emit(Event.REQUESTED, process_count=ctx.sync.process_count)
+
+    def agree() -> None:
+        # Every process has read and checked its part, or one says why not.
+        ctx.sync.barrier(op, READ_BARRIER, timeout_s=timeout)
+
+    job = JobReads(agree, ctx.preflight.hosts, local_root=isinstance(ctx.root, Path), scratch=op)
+    try:
+        result = _restore.restore_step(
+            step_dir(ctx.root, step),
+            target,
+            journal,
+            cast=cast,
+            item=item,
+            job=job,
+            partial=partial,
+        )
+    except BaseException as e:
+        error = reason(e, ctx.root)
+        journal.emit(Event.FAILED, error=error, phase=Phase.READ, cause=Cause.ERROR, culprit=me)
+        # A peer waiting to exchange pieces with this process gives up at once.
+        ctx.sync.signal_failure(op, error)
+        raise
+    journal.emit(Event.RESTORED)
+    return op, result
