@@ -44,6 +44,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/python -m nbckpt.protocol.typescript --check
 	cd labextension && PATH="$(CURDIR)/$(BIN):$$PATH" jlpm run lint:check
 
 test: lint browser-deps host-deps

@@ -3,135 +3,46 @@ import { ISignal, Signal } from '@lumino/signaling';
 import { IProtocol, loadProtocol } from './protocol';
 import { requestAPI } from './request';
 
-/** The state of one entry of a checkpoint root (see nbckpt/formats/inventory.py). */
-export type EntryState = 'complete' | 'in_progress' | 'abandoned' | 'corrupt';
+// Every answer of the server is typed by the Python that sends it:
+// `python -m nbckpt.protocol.typescript` writes these from nbckpt/protocol/views.py.
+import type {
+  IActivity,
+  ICheckpoints,
+  IEntryAnswer,
+  IOperationAnswer,
+  IOperations,
+  IOperationSummary,
+  IPhaseSpan,
+  IProcessRecord,
+  IRoots
+} from '../generated/nbckpt';
 
-/** One entry of a checkpoint root, as `GET nbckpt/api/checkpoints` returns it. */
-export interface IEntry {
-  step: number;
-  path: string;
-  state: EntryState;
-  reason: string;
-  /** Bytes on disk; null where the store does not say (object stores). */
-  bytes: number | null;
-  time: number;
-  process_count: number | null;
-  op: string | null;
-  mode: string | null;
-  /** Who wrote the entry: 'nbckpt', 'orbax', or null for neither. */
-  format: string | null;
-}
+export type {
+  EntryState,
+  IActivity,
+  IActivityOp,
+  ICheckpoints,
+  IClusterRoot,
+  IFoundRoot,
+  IOperations,
+  IOperationSummary,
+  IRoots
+} from '../generated/nbckpt';
 
-/** The answer of `GET nbckpt/api/checkpoints`. */
-export interface ICheckpoints {
-  root: string;
-  time: number;
-  entries: IEntry[];
-  counts: Partial<Record<EntryState, number>>;
-}
-
-/** One operation in `GET nbckpt/api/operations`. */
-export interface IOperationSummary {
-  op: string;
-  kind: string;
-  step: number | null;
-  /** A user barrier's name (absent or null for saves and restores). */
-  name?: string | null;
-  status: string;
-  start: number | null;
-  end: number | null;
-  process_count: number;
-  processes_seen: number;
-}
-
-/** The answer of `GET nbckpt/api/operations`. */
-export interface IOperations {
-  root: string;
-  time: number;
-  operations: IOperationSummary[];
-}
+/** One entry of a checkpoint root, as `GET nbckpt/api/checkpoints` lists it. */
+export type IEntry = IEntryAnswer;
 
 /** One phase of one process. */
-export interface IPhase {
-  name: string;
-  start: number;
-  end: number | null;
-  /** `statuses.done`, `statuses.open` or `statuses.failed` of the protocol. */
-  status: string;
-}
+export type IPhase = IPhaseSpan;
 
 /** Everything one process recorded for an operation. */
-export interface IProcess {
-  process: number;
-  phases: IPhase[];
-  status: string;
-  error: string | null;
-  bytes_total: number;
-  bytes_written: number;
-}
+export type IProcess = IProcessRecord;
 
-/** The answer of `GET nbckpt/api/operations/<op>`: the merged journal. */
-export interface IOperation {
-  op: string;
-  kind: string;
-  step: number | null;
-  status: string;
-  start: number | null;
-  end: number | null;
-  process_count: number;
-  processes: Record<string, IProcess>;
-  root: string;
-  time: number;
-}
-
-/** An operation of a running cluster's root, as `GET nbckpt/api/activity` lists it. */
-export interface IActivityOp {
-  op: string;
-  kind: string;
-  step: number | null;
-  name: string | null;
-  status: string;
-  start: number | null;
-}
-
-/** A running cluster's root and what runs or failed there since the cluster started. */
-export interface IClusterRoot {
-  /** The root as the sidebar opens it: relative to the server root, or a URL. */
-  root: string;
-  /** The root as the notebook registered it (absolute path or URL). */
-  path: string;
-  /** False for a root the server may not read (outside its root, no credentials). */
-  openable: boolean;
-  reason: string | null;
-  pid: number;
-  profile: string | null;
-  cluster_id: string | null;
-  since: number;
-  in_flight: IActivityOp[];
-  failed: IActivityOp[];
-}
-
-/** The answer of `GET nbckpt/api/activity`. */
-export interface IActivity {
-  time: number;
-  clusters: IClusterRoot[];
-}
-
-/** A root found below the server root. */
-export interface IFoundRoot {
-  root: string;
-  path: string;
-}
-
-/** The answer of `GET nbckpt/api/roots`. */
-export interface IRoots {
-  time: number;
-  server_root: string;
-  clusters: IClusterRoot[];
-  found: IFoundRoot[];
-  /** The scan stopped at its depth or time bound. */
-  truncated: boolean;
-}
+/**
+ * The answer of `GET nbckpt/api/operations/<op>`: the merged journal, and in `view`
+ * what its timeline shows (commit time, failures, barrier waits), decided in Python.
+ */
+export type IOperation = IOperationAnswer;
 
 /** What the status bar shows: across the running clusters' roots and the shown root. */
 export interface ITotals {
@@ -280,11 +191,11 @@ export class CheckpointsModel {
         } else {
           totals.saving += 1;
         }
-        totals.lines.push(`${cluster.root}: ${label(op)} ${op.status}`);
+        totals.lines.push(`${cluster.root}: ${op.label} ${op.status}`);
       }
       for (const op of cluster.failed) {
         totals.failed += 1;
-        totals.lines.push(`${cluster.root}: ${label(op)} ${op.status}`);
+        totals.lines.push(`${cluster.root}: ${op.label} ${op.status}`);
       }
       if (
         cluster.openable &&
@@ -305,7 +216,7 @@ export class CheckpointsModel {
       totals.saving += here.length;
       totals.roots.push(shown);
       totals.lines.push(
-        ...here.map(op => `${shown}: ${label(op)} ${op.status}`)
+        ...here.map(op => `${shown}: ${op.label} ${op.status}`)
       );
     }
     return totals;
@@ -457,14 +368,4 @@ export class CheckpointsModel {
   private _timer = 0;
   private _changed = new Signal<this, void>(this);
   private _rootChanged = new Signal<this, string>(this);
-}
-
-/** How an operation is named in lists: its kind, then a barrier's name or the step. */
-export function label(op: {
-  kind: string;
-  step: number | null;
-  name?: string | null;
-}): string {
-  const what = op.name ?? (op.step === null ? '' : String(op.step));
-  return what ? `${op.kind} ${what}` : op.kind;
 }

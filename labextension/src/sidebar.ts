@@ -3,11 +3,11 @@ import { Widget } from '@lumino/widgets';
 
 import {
   CheckpointsModel,
+  ICheckpoints,
   IClusterRoot,
   IEntry,
   IOperation,
-  IOperationSummary,
-  label
+  IOperationSummary
 } from './model';
 import { IProtocol } from './protocol';
 import { renderLegend, renderTimeline } from './timeline';
@@ -231,7 +231,7 @@ export class CheckpointsPanel extends Widget {
           ? 'Choose a checkpoint root above, or type one.'
           : 'Loading…';
     }
-    this._renderSteps(model.checkpoints?.entries ?? []);
+    this._renderSteps(model.checkpoints);
     this._renderOps(model.operations?.operations ?? []);
     // Keep a running operation's timeline live.
     const selected = this._selected;
@@ -245,11 +245,14 @@ export class CheckpointsPanel extends Widget {
     }
   }
 
-  private _renderSteps(entries: IEntry[]): void {
+  private _renderSteps(checkpoints: ICheckpoints | null): void {
+    const entries: IEntry[] = checkpoints?.entries ?? [];
+    // Every state the server's inventory knows, in its words.
+    const states = (checkpoints?.states ?? []).map(s => s.replace('_', ' '));
     const head = el('tr', 'nbckpt-steps-head');
     for (const [label, title] of [
       ['Step', 'step number'],
-      ['State', 'complete, in progress, abandoned or corrupt'],
+      ['State', states.join(', ') || "the entry's state"],
       ['Size', 'bytes on disk'],
       ['Time', 'finalized at (or last modified)'],
       ['N', 'number of processes of the save']
@@ -269,9 +272,12 @@ export class CheckpointsPanel extends Widget {
       const time = el('td', 'nbckpt-time', formatTime(entry.time));
       time.title = new Date(entry.time * 1000).toLocaleString();
       const number = el('td', 'nbckpt-step-number', String(entry.step));
-      if (entry.format === 'orbax') {
-        // Orbax's steps are listed and restorable, never written or cleaned.
-        number.appendChild(el('span', 'nbckpt-format', ' Orbax'));
+      if (entry.format_label) {
+        // Another program's steps (Orbax's) are listed and restorable, never
+        // written or cleaned: the server names the writer.
+        number.appendChild(
+          el('span', 'nbckpt-format', ` ${entry.format_label}`)
+        );
       }
       row.append(
         number,
@@ -308,7 +314,7 @@ export class CheckpointsPanel extends Widget {
       item.title = op.op;
       item.append(
         badge(op.status),
-        el('span', 'nbckpt-op-kind', label(op)),
+        el('span', 'nbckpt-op-kind', op.label),
         el('span', 'nbckpt-op-time', formatTime(op.start))
       );
       item.addEventListener('click', () => void this.showOperation(op.op));
@@ -438,26 +444,18 @@ export class CheckpointsPanel extends Widget {
 
   private _drawTimeline(op: IOperation, protocol: IProtocol): void {
     this._shown = [op, protocol];
-    const running = protocol.statuses.running;
-    this._stale = op.status === running;
+    this._stale = op.status === protocol.statuses.running;
     const title = el('div', 'nbckpt-timeline-title');
-    title.append(badge(op.status), el('span', 'nbckpt-timeline-op', label(op)));
-    // The errors are listed below the drawing, with the processes that left none.
+    title.append(badge(op.status), el('span', 'nbckpt-timeline-op', op.label));
+    // The failures are listed below the drawing, in the server's words, with the
+    // processes that left no journal.
     const legend = renderLegend(op, protocol);
     const errors = el('ul', 'nbckpt-timeline-errors');
     for (const proc of Object.values(op.processes)) {
-      if (proc.error) {
+      const failure = op.view.processes[proc.process]?.failure;
+      if (failure) {
         errors.appendChild(
-          el('li', 'nbckpt-error', `p${proc.process}: ${proc.error}`)
-        );
-      } else if (proc.status === running && op.status !== running) {
-        // The others finished or gave up, this one never recorded an outcome.
-        errors.appendChild(
-          el(
-            'li',
-            'nbckpt-error',
-            `p${proc.process}: recorded no outcome (the process died?)`
-          )
+          el('li', 'nbckpt-error', `p${proc.process}: ${failure}`)
         );
       }
     }

@@ -2,8 +2,10 @@
  * The per-process timeline of one operation, as an SVG: the one picture of a save that
  * both the Checkpoints sidebar and the live progress widget draw.
  *
- * It reads the merged journal (`nbckpt.journal.OperationRecord.to_dict()`) and a few
- * protocol names, and nothing else: no request, no JupyterLab package, so the widget's
+ * It reads the merged journal (`nbckpt.journal.OperationRecord.to_dict()`), its `view`
+ * (`nbckpt.views.timeline.timeline_view`: when the step committed, why a row failed,
+ * whom each barrier wait waited for, all decided in Python) and a few protocol names,
+ * and nothing else: no request, no JupyterLab package, so the widget's
  * bundle (`jlpm build:widget`) can include it and run in any Jupyter front end. Every
  * colour comes from the `--nbckpt-*` CSS properties of `style/palette.css`.
  */
@@ -22,8 +24,15 @@ export type ITimelineNames = Pick<
  */
 export type ITimelineOperation = Pick<
   IOperation,
-  'op' | 'kind' | 'status' | 'start' | 'end' | 'process_count' | 'processes'
-> & { time?: number; now?: number; dead?: number[] };
+  | 'op'
+  | 'kind'
+  | 'status'
+  | 'start'
+  | 'end'
+  | 'process_count'
+  | 'processes'
+  | 'view'
+> & { time?: number; now?: number };
 
 /** How to draw. */
 export interface ITimelineOptions {
@@ -100,51 +109,6 @@ function list(processes: number[]): string {
   return processes.join(', ');
 }
 
-/** Who a process waited for at a barrier: those that arrived after it. */
-export interface IBarrierWait {
-  /** `waited` (released), `waiting` (still open) or `gave up` (failed). */
-  state: 'waited' | 'waiting' | 'gave up';
-  /** The processes it waited for, or is still waiting for. */
-  processes: number[];
-}
-
-/**
- * Whom process `proc` waited for at the barrier wait `phase`: the processes that
- * entered the same barrier after it (or, while it waits, have not entered yet).
- */
-export function barrierWait(
-  op: ITimelineOperation,
-  names: ITimelineNames,
-  proc: number,
-  phase: IPhase,
-  everyone: number[]
-): IBarrierWait {
-  const arrived = new Map<number, number>();
-  for (const other of Object.values(op.processes)) {
-    const same = other.phases.find(p => p.name === phase.name);
-    if (same) {
-      arrived.set(other.process, same.start);
-    }
-  }
-  const until = phase.end ?? Infinity;
-  const late = everyone.filter(p => {
-    if (p === proc) {
-      return false;
-    }
-    const t = arrived.get(p);
-    return phase.status === names.statuses.done
-      ? t !== undefined && t > phase.start
-      : t === undefined || t > until;
-  });
-  const state =
-    phase.status === names.statuses.done
-      ? 'waited'
-      : phase.status === names.statuses.open
-        ? 'waiting'
-        : 'gave up';
-  return { state, processes: late };
-}
-
 /** The first label of `labels` at most `width` pixels wide, or null. */
 function fitting(labels: string[], width: number): string | null {
   return labels.find(label => label.length * CHAR + 6 <= width) ?? null;
@@ -175,78 +139,6 @@ export function wrapText(text: string, chars: number, max: number): string[] {
   return lines;
 }
 
-/** Why a process's row is marked failed, or null. */
-function failure(
-  p: number,
-  proc: IProcess | undefined,
-  op: ITimelineOperation,
-  names: ITimelineNames
-): string | null {
-  const statuses: Record<string, string> = { ...names.statuses };
-  if (proc === undefined) {
-    // Reported dead by the others before it recorded anything.
-    return op.dead?.includes(p)
-      ? `${statuses.dead ?? names.statuses.failed}: recorded nothing`
-      : null;
-  }
-  if (proc.error) {
-    return proc.error;
-  }
-  const ok = [
-    names.statuses.running,
-    names.statuses.committed,
-    names.statuses.restored
-  ];
-  if (!ok.includes(proc.status)) {
-    // Dead: it recorded no end of its own, the others report it.
-    const by = (proc as { dead_reported_by?: number[] }).dead_reported_by ?? [];
-    return by.length > 0
-      ? `${proc.status} (reported by ${list(by)})`
-      : proc.status;
-  }
-  if (
-    proc.status === names.statuses.running &&
-    op.status !== names.statuses.running
-  ) {
-    // The others finished or gave up; this one never recorded an outcome.
-    return 'recorded no outcome (the process died?)';
-  }
-  return null;
-}
-
-/** The latest wall time the journal shows (phase starts and ends). */
-function latest(op: ITimelineOperation): number | null {
-  let t: number | null = null;
-  for (const proc of Object.values(op.processes)) {
-    for (const phase of proc.phases) {
-      for (const v of [phase.start, phase.end]) {
-        if (v !== null && (t === null || v > t)) {
-          t = v;
-        }
-      }
-    }
-  }
-  return t;
-}
-
-/** The time the step became complete: the end of the primary's finalize phase. */
-function commitTime(
-  op: ITimelineOperation,
-  names: ITimelineNames
-): number | null {
-  if (op.status !== names.statuses.committed) {
-    return null;
-  }
-  for (const proc of Object.values(op.processes)) {
-    for (const phase of proc.phases) {
-      if (phase.name === names.phase_names.finalize && phase.end !== null) {
-        return phase.end;
-      }
-    }
-  }
-  return null;
-}
-
 /**
  * Draw an operation's per-process timeline: one row per process, one span per phase
  * coloured by its role, barrier waits hatched and labelled with whom they waited for
@@ -267,15 +159,16 @@ export function renderTimeline(
   options: ITimelineOptions = {}
 ): SVGSVGElement {
   const WIDTH = Math.max(Math.floor(width), 200);
-  const seen = Object.values(op.processes).map(p => p.process);
-  const everyone = Array.from(
-    new Set([...Array(op.process_count).keys(), ...seen])
-  ).sort((a, b) => a - b);
+  const view = op.view;
+  // One row per process the view names: those counted, seen, or reported dead.
+  const everyone = Object.keys(view.processes)
+    .map(Number)
+    .sort((a, b) => a - b);
   const byIndex = new Map<number, IProcess>(
     Object.values(op.processes).map(p => [p.process, p])
   );
   const running = op.status === names.statuses.running;
-  const last = latest(op);
+  const last = view.latest;
   const t0 = op.start ?? last ?? op.time ?? 0;
   let tEnd = op.end ?? (running ? (options.now ?? op.now) : undefined) ?? last;
   tEnd = Math.max(tEnd ?? t0, last ?? t0);
@@ -285,7 +178,7 @@ export function renderTimeline(
   const errorChars = Math.floor(plot / CHAR);
   const errors = new Map<number, string[]>();
   for (const p of everyone) {
-    const why = failure(p, byIndex.get(p), op, names);
+    const why = view.processes[p]?.failure ?? null;
     if (why !== null) {
       const lines =
         options.errors === false
@@ -390,16 +283,11 @@ export function renderTimeline(
       if (isBarrierPhase(names, phase.name)) {
         // Inline style, because the theme's CSS fill would beat an attribute.
         rect.style.fill = `url(#${hatch})`;
-        const wait = barrierWait(op, names, p, phase, everyone);
-        rect.dataset.waitedFor = list(wait.processes);
-        if (wait.processes.length > 0) {
-          const who = list(wait.processes);
-          const on = wait.state === 'gave up' ? 'on' : 'for';
-          tip += `; ${wait.state} ${on} ${who}`;
-          const text = fitting(
-            [`${wait.state} ${on} ${who}`, `${on} ${who}`],
-            w
-          );
+        const wait = view.processes[p]?.waits[phase.name];
+        rect.dataset.waitedFor = list(wait?.processes ?? []);
+        if (wait !== undefined && wait.processes.length > 0) {
+          tip += `; ${wait.label}`;
+          const text = fitting([wait.label, wait.short], w);
           if (text !== null) {
             const t = svg('text', {
               x: left + 3,
@@ -418,14 +306,9 @@ export function renderTimeline(
       row.appendChild(t);
     }
     const lines = errors.get(p);
-    if (lines !== undefined && proc !== undefined) {
-      const failedPhases = proc.phases.filter(
-        ph => ph.status === names.statuses.failed
-      );
-      const at =
-        failedPhases.length > 0
-          ? Math.max(...failedPhases.map(ph => ph.end ?? t1))
-          : (latest({ ...op, processes: { [p]: proc } }) ?? t1);
+    const drawing = view.processes[p];
+    if (lines !== undefined && proc !== undefined && drawing !== undefined) {
+      const at = drawing.failed_at ?? t1;
       row.appendChild(
         titled(
           svg('line', {
@@ -435,7 +318,7 @@ export function renderTimeline(
             y2: top + ROW,
             class: 'nbckpt-failure-mark'
           }),
-          `process ${p} at +${ms(at - t0)}: ${failure(p, proc, op, names) ?? ''}`
+          `process ${p} at +${ms(at - t0)}: ${drawing.failure ?? ''}`
         )
       );
       const text = svg('text', {
@@ -449,15 +332,13 @@ export function renderTimeline(
         text.appendChild(span);
       });
       if (lines.length > 0) {
-        row.appendChild(
-          titled(text, `process ${p}: ${failure(p, proc, op, names) ?? ''}`)
-        );
+        row.appendChild(titled(text, `process ${p}: ${drawing.failure ?? ''}`));
       }
     }
     root.appendChild(row);
   }
 
-  const committed = commitTime(op, names);
+  const committed = view.commit_time;
   if (committed !== null) {
     const cx = x(committed);
     const marker = svg('g', { class: 'nbckpt-commit' });
@@ -526,14 +407,12 @@ export function renderLegend(
   const legend = document.createElement('div');
   legend.className = 'nbckpt-legend';
   const kinds = new Set<string>();
-  let failed = false;
   for (const proc of Object.values(op.processes)) {
     for (const phase of proc.phases) {
       kinds.add(spanKind(names, phase.name));
     }
-    failed = failed || failure(proc.process, proc, op, names) !== null;
   }
-  failed = failed || (op.dead ?? []).length > 0;
+  const failed = Object.values(op.view.processes).some(d => d.failure !== null);
   const barrier = spanKind(names, names.barrier_prefix);
   const order = [
     names.phase_names.snapshot,
@@ -553,7 +432,7 @@ export function renderLegend(
   if (failed) {
     items.push([names.statuses.failed, names.statuses.failed]);
   }
-  if (commitTime(op, names) !== null) {
+  if (op.view.commit_time !== null) {
     items.push(['commit', names.statuses.committed]);
   }
   for (const [kind, label] of items) {

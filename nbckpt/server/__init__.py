@@ -11,7 +11,9 @@ Routes (under the server's base URL), every one ``@tornado.web.authenticated``:
 - ``GET nbckpt/api/activity``: saves in flight and failures in running clusters' roots
 
 ``R`` is relative to the server's root directory, or an absolute path under it, and
-may not leave it.
+may not leave it. Every answer is a view model computed in Python
+(:mod:`nbckpt.views.answers`, shapes in :mod:`nbckpt.protocol.views`); the lab
+extension draws it as it comes, typed by ``labextension/generated/nbckpt.d.ts``.
 """
 
 from __future__ import annotations

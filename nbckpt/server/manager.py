@@ -1,9 +1,10 @@
 """What the server routes answer, without any Tornado code.
 
 :class:`CheckpointManager` resolves a root given relative to the server's root
-directory, refuses anything that would leave it, and returns JSON-able data built from
-:mod:`nbckpt.formats.inventory` and :mod:`nbckpt.journal`, and the protocol's names from
-:mod:`nbckpt.protocol`. The handlers only translate HTTP.
+directory, refuses anything that would leave it, and returns the view models of
+:mod:`nbckpt.views.answers` (built from :mod:`nbckpt.formats.inventory` and
+:mod:`nbckpt.journal`), and the protocol's names from :mod:`nbckpt.protocol`. The
+handlers only translate HTTP.
 
 A root may be given relative to the server's root or as an absolute path under it (what
 a notebook prints). :meth:`CheckpointManager.roots` offers the roots the running
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import os
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +30,17 @@ from nbckpt.errors import StorageError, StorageURLError
 from nbckpt.formats.inventory import classify
 from nbckpt.formats.layout import ops_dir
 from nbckpt.journal import list_operations, read_operation
-from nbckpt.protocol import Kind, Status, as_json, parse_op_id
+from nbckpt.protocol import ProtocolNames, as_json
+from nbckpt.protocol.views import Activity, ClusterRoot, FoundRoot, Operations, Roots
 from nbckpt.server.roots import ClusterRecord, running_clusters, scan
 from nbckpt.storage import Location
+from nbckpt.views.answers import (
+    Checkpoints,
+    RecentOperations,
+    checkpoints_answer,
+    operation_answer,
+    operation_summary,
+)
 
 __all__ = [
     "BadRequestError",
@@ -83,17 +91,20 @@ def has_object_credentials() -> bool:
     )
 
 
-#: Operations of a running cluster's root that started this long before the cluster
-#: registered it still count as its own (clocks of one machine, rounding of op ids).
-_SINCE_SLACK_S = 2.0
-#: How many finished operations' summaries :meth:`CheckpointManager.activity` keeps.
-_FINISHED_CACHE = 4096
-
-
-def _op_time(stamp: str) -> float:
-    """The Unix time of an operation id's UTC stamp (``20260101T000000[.000001]``)."""
-    fmt = "%Y%m%dT%H%M%S.%f" if "." in stamp else "%Y%m%dT%H%M%S"
-    return datetime.strptime(stamp, fmt).replace(tzinfo=UTC).timestamp()
+def _unread_cluster(record: ClusterRecord) -> ClusterRoot:
+    """A running cluster's root as listed before (or without) reading it."""
+    return {
+        "root": record.root,
+        "path": record.root,
+        "openable": False,
+        "reason": None,
+        "pid": record.pid,
+        "profile": record.profile,
+        "cluster_id": record.cluster_id,
+        "since": record.time,
+        "in_flight": [],
+        "failed": [],
+    }
 
 
 class CheckpointManager:
@@ -127,8 +138,7 @@ class CheckpointManager:
         self.clusters_dir = clusters_dir
         self.scan_depth = scan_depth
         self.scan_budget_s = scan_budget_s
-        # Finished operations never change: their summaries are read once.
-        self._finished: dict[tuple[str, str], dict[str, Any]] = {}
+        self._recent = RecentOperations()
 
     def resolve(self, root: str | None) -> Location:
         """Return the real path of ``root``, which must lie inside the root directory.
@@ -202,14 +212,8 @@ class CheckpointManager:
             )
         return journal
 
-    def protocol(self) -> dict[str, Any]:
-        """Return the protocol's names (phases, events, statuses, ...) for the lab extension.
-
-        Returns
-        -------
-        dict
-            :func:`nbckpt.protocol.as_json`, so the TypeScript side never retypes a name.
-        """
+    def protocol(self) -> ProtocolNames:
+        """The protocol's names for the lab extension (:func:`nbckpt.protocol.as_json`)."""
         return as_json()
 
     def relative(self, path: Location) -> str:
@@ -218,7 +222,7 @@ class CheckpointManager:
             return str(path)
         return str(path.relative_to(self.root_dir)) if path != self.root_dir else "."
 
-    def checkpoints(self, root: str | None) -> dict[str, Any]:
+    def checkpoints(self, root: str | None) -> Checkpoints:
         """List every step-like entry of ``root`` with its state.
 
         Entries that are symlinks are not followed (see :func:`nbckpt.formats.inventory.classify`).
@@ -226,20 +230,17 @@ class CheckpointManager:
 
         Returns
         -------
-        dict
+        Checkpoints
             ``root`` (relative), ``time`` (server time), ``entries`` (one dict per
-            entry, see :class:`nbckpt.formats.inventory.Entry`) and ``counts`` per state.
+            entry, see :func:`nbckpt.views.answers.entry_answer`) and ``counts`` per state.
         """
         real = self.resolve(root)
         self._journal_of(real)
         now = time.time()
-        entries = [e.to_dict() for e in classify(real, now=now, stale_after_s=self.stale_after_s)]
-        counts: dict[str, int] = {}
-        for e in entries:
-            counts[e["state"]] = counts.get(e["state"], 0) + 1
-        return {"root": self.relative(real), "time": now, "entries": entries, "counts": counts}
+        found = classify(real, now=now, stale_after_s=self.stale_after_s)
+        return checkpoints_answer(self.relative(real), now, found)
 
-    def operations(self, root: str | None) -> dict[str, Any]:
+    def operations(self, root: str | None) -> Operations:
         """List the journaled operations of ``root``, newest first, without events.
 
         Each has ``name``: a user barrier's name (None for saves and restores, and
@@ -247,28 +248,18 @@ class CheckpointManager:
         """
         real = self.resolve(root)
         journal = self._journal_of(real)
-        ops = []
-        for op in reversed(list_operations(real)):
-            if not self._inside(journal / op):
-                continue
-            rec = read_operation(real, op)
-            ops.append(
-                {
-                    "op": rec.op,
-                    "kind": rec.kind,
-                    "step": rec.step,
-                    "name": rec.name,
-                    "status": rec.status,
-                    "start": rec.start,
-                    "end": rec.end,
-                    "process_count": rec.process_count,
-                    "processes_seen": len(rec.processes),
-                }
-            )
+        ops = [
+            operation_summary(read_operation(real, op))
+            for op in reversed(list_operations(real))
+            if self._inside(journal / op)
+        ]
         return {"root": self.relative(real), "time": time.time(), "operations": ops}
 
     def operation(self, root: str | None, op: str) -> dict[str, Any]:
-        """Return one operation's merged journal: per process, per phase, start and end.
+        """Return one operation's merged journal and its timeline's decisions.
+
+        See :func:`nbckpt.views.answers.operation_answer`: per process, per phase,
+        start and end, and ``view`` (:func:`nbckpt.views.timeline.timeline_view`).
 
         Raises
         ------
@@ -285,14 +276,11 @@ class CheckpointManager:
             raise ForbiddenPathError(f"operation {op!r} links outside the server's root")
         if not folder.is_dir():
             raise NotFoundError(f"no operation {op!r} under {self.relative(real)!r}")
-        data = read_operation(real, op).to_dict()
-        data["root"] = self.relative(real)
-        data["time"] = time.time()
-        return data
+        return operation_answer(read_operation(real, op), self.relative(real), time.time())
 
     # -- which roots to offer, and what runs in them ----------------------------------
 
-    def roots(self) -> dict[str, Any]:
+    def roots(self) -> Roots:
         """List the roots to offer: the running clusters' roots, then those found on disk.
 
         Returns
@@ -307,7 +295,7 @@ class CheckpointManager:
         clusters = self.activity()["clusters"]
         taken = {c["root"] for c in clusters}
         found = scan(self.root_dir, max_depth=self.scan_depth, budget_s=self.scan_budget_s)
-        listed = [
+        listed: list[FoundRoot] = [
             {"root": self.relative(p), "path": str(p)}
             for p in found.roots
             if self.relative(p) not in taken
@@ -320,7 +308,7 @@ class CheckpointManager:
             "truncated": found.truncated,
         }
 
-    def activity(self) -> dict[str, Any]:
+    def activity(self) -> Activity:
         """Say, for each running cluster's root, what is in flight and what failed.
 
         Only operations the cluster's notebook could have started count: those that
@@ -329,31 +317,16 @@ class CheckpointManager:
 
         Returns
         -------
-        dict
-            ``time``, and ``clusters``: one dict per running cluster, oldest first,
-            with ``root`` (as the sidebar opens it: relative, or a URL), ``path`` (as
-            registered), ``openable`` and ``reason`` (why not), ``pid``, ``profile``,
-            ``cluster_id``, ``since`` (when it registered), and ``in_flight`` and
-            ``failed``: summaries (``op``, ``kind``, ``step``, ``name``, ``status``,
-            ``start``) of its saves and restores still running, and of its operations
-            that failed.
+        Activity
+            ``time``, and ``clusters``: one :class:`~nbckpt.protocol.views.ClusterRoot`
+            per running cluster, oldest first, with its saves and restores still
+            running (``in_flight``) and its operations that failed.
         """
         records = running_clusters(self.clusters_dir)
         return {"time": time.time(), "clusters": [self._cluster(r) for r in records]}
 
-    def _cluster(self, record: ClusterRecord) -> dict[str, Any]:
-        entry: dict[str, Any] = {
-            "root": record.root,
-            "path": record.root,
-            "openable": False,
-            "reason": None,
-            "pid": record.pid,
-            "profile": record.profile,
-            "cluster_id": record.cluster_id,
-            "since": record.time,
-            "in_flight": [],
-            "failed": [],
-        }
+    def _cluster(self, record: ClusterRecord) -> ClusterRoot:
+        entry = _unread_cluster(record)
         real: Location
         try:
             if storage.is_url(record.root):
@@ -364,43 +337,14 @@ class CheckpointManager:
                 real = Path(os.path.realpath(record.root))
                 if not self._inside(real):
                     raise ForbiddenPathError(self._outside(record.root))
-            entry.update(root=self.relative(real), openable=True)
+            entry["root"], entry["openable"] = self.relative(real), True
             if isinstance(real, Path) and not real.is_dir():
                 entry["reason"] = "nothing saved there yet"
                 return entry
-            entry["in_flight"], entry["failed"] = self._recent(real, record.time)
+            journal = self._journal_of(real)
+            entry["in_flight"], entry["failed"] = self._recent(
+                real, record.time, lambda op: self._inside(journal / op)
+            )
         except (ManagerError, StorageError) as e:
             entry["reason"] = str(e)
         return entry
-
-    def _recent(self, real: Location, since: float) -> tuple[list[Any], list[Any]]:
-        """The running saves and restores, and the failed operations, begun since ``since``."""
-        journal = self._journal_of(real)
-        in_flight, failed = [], []
-        for op in list_operations(real):
-            parsed = parse_op_id(op)
-            if parsed is None or _op_time(parsed.time) < since - _SINCE_SLACK_S:
-                continue
-            key = (str(real), op)
-            summary = self._finished.get(key)
-            if summary is None:
-                if not self._inside(journal / op):
-                    continue
-                rec = read_operation(real, op)
-                summary = {
-                    "op": rec.op,
-                    "kind": rec.kind,
-                    "step": rec.step,
-                    "name": parsed.name,
-                    "status": rec.status,
-                    "start": rec.start,
-                }
-                if rec.status not in (Status.RUNNING, Status.NOT_STARTED):
-                    if len(self._finished) >= _FINISHED_CACHE:
-                        self._finished.clear()
-                    self._finished[key] = summary
-            if summary["status"] == Status.FAILED:
-                failed.append(summary)
-            elif summary["status"] == Status.RUNNING and summary["kind"] != Kind.BARRIER:
-                in_flight.append(summary)
-        return in_flight, failed

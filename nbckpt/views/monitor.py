@@ -30,6 +30,7 @@ from nbckpt.protocol import (
 )
 from nbckpt.session import reads
 from nbckpt.storage import Location
+from nbckpt.views.timeline import everyone_of
 
 __all__ = [
     "BarrierView",
@@ -285,7 +286,7 @@ def view_state(record: OperationRecord) -> OperationView:
         process the others report dead is ``dead``, with the evidence in its
         ``note``; a save's process with nothing of its own to write says so there.
     """
-    everyone = sorted(set(range(record.process_count)) | set(record.processes) | set(record.dead))
+    everyone = everyone_of(record)
     entered: dict[str, dict[int, float]] = {}
     primary: int | None = None
     for p, rec in record.processes.items():

@@ -17,8 +17,10 @@ import anywidget
 import traitlets
 
 from nbckpt.journal import OperationRecord
-from nbckpt.protocol import Kind, Status, as_json
+from nbckpt.protocol import BarrierState, Kind, Phase, Status, as_json
+from nbckpt.protocol.views import BarrierCell, Row
 from nbckpt.views.monitor import OperationView, ProcessView
+from nbckpt.views.timeline import timeline_view
 from nbckpt.widgets.text import bytes_done, human_bytes, render_text, what_of
 
 if TYPE_CHECKING:
@@ -49,20 +51,20 @@ def _who(processes: list[int], dead: set[int] | None = None) -> str:
     return ", ".join(f"{p} (dead)" if p in (dead or set()) else str(p) for p in processes)
 
 
-def _barrier_cells(p: ProcessView, t0: float | None, dead: set[int]) -> list[dict[str, Any]]:
-    cells = []
+def _barrier_cells(p: ProcessView, t0: float | None, dead: set[int]) -> list[BarrierCell]:
+    cells: list[BarrierCell] = []
     for b in p.barriers:
         if b.released is not None:
-            state = "released"
+            state = BarrierState.RELEASED
             text = f"{b.name} {_ms(b.arrived, t0)} → {_ms(b.released, t0)}"
             if b.waited_for:
                 text += f" (waited for {_who(b.waited_for)})"
         elif p.status == Status.FAILED:
-            state, text = Status.FAILED.value, f"{b.name} {_ms(b.arrived, t0)}, gave up"
+            state, text = BarrierState.FAILED, f"{b.name} {_ms(b.arrived, t0)}, gave up"
         elif p.status == Status.DEAD:
-            state, text = Status.FAILED.value, f"{b.name} {_ms(b.arrived, t0)}, died waiting"
+            state, text = BarrierState.FAILED, f"{b.name} {_ms(b.arrived, t0)}, died waiting"
         else:
-            state = "waiting"
+            state = BarrierState.WAITING
             text = f"{b.name} {_ms(b.arrived, t0)}, waiting for {_who(b.waiting_for, dead) or '-'}"
         cells.append(
             {
@@ -105,7 +107,14 @@ def _bytes_cell(view: OperationView, p: ProcessView) -> dict[str, Any]:
     return {"fraction": 0.0, "show_bar": True, "bytes_text": text}
 
 
-def rows_from_view(view: OperationView) -> list[dict[str, Any]]:
+def _phase_note(note: str | None, bytes_text: str, end_text: str) -> str | None:
+    """The note shown under a row's phase: None where another cell already says it."""
+    if not note or note == bytes_text or note in end_text:
+        return None
+    return note
+
+
+def rows_from_view(view: OperationView) -> list[Row]:
     """The widget's ``rows``: one JSON-able dict per process of ``view``.
 
     Each row has ``process``, ``phase`` (in the protocol's words), ``status``
@@ -116,13 +125,18 @@ def rows_from_view(view: OperationView) -> list[dict[str, Any]]:
     to write), ``bytes_text`` (then the reason, in words), ``barriers`` (per barrier:
     ``name``, ``state`` waiting/released/failed, ``text``, ``waiting_for``),
     ``end_text`` (finalize and commit times; for a dead process, the evidence),
-    ``note`` (why the row looks as it does, when it needs saying), ``fault`` (an
+    ``fill_kind`` (the colour role of the bar: ``read`` for a restore, else ``write``),
+    ``note`` (why the row looks as it does, when it needs saying), ``phase_note``
+    (the note, unless the bytes or the end cell says it already), ``fault`` (an
     injected fault, e.g. ``slow-io x4``), ``dead_reported_by``, and ``error`` (whole:
     the front end wraps it) and ``error_phase``.
     """
     dead = {p.process for p in view.processes if p.status == Status.DEAD}
-    rows = []
+    reads = view.kind == Kind.RESTORE
+    rows: list[Row] = []
     for p in view.processes:
+        cell = _bytes_cell(view, p)
+        end_text = _end_text(p, view.start)
         rows.append(
             {
                 "process": p.process,
@@ -132,12 +146,16 @@ def rows_from_view(view: OperationView) -> list[dict[str, Any]]:
                 "bytes_read": p.bytes_read,
                 "bytes_total": p.bytes_total,
                 "bytes_done": bytes_done(view, p),
-                "bytes_verb": "read" if view.kind == Kind.RESTORE else "written",
+                "bytes_verb": "read" if reads else "written",
                 "show_bytes": view.kind in (Kind.SAVE, Kind.RESTORE),
-                **_bytes_cell(view, p),
+                "fraction": cell["fraction"],
+                "show_bar": cell["show_bar"],
+                "bytes_text": cell["bytes_text"],
+                "fill_kind": Phase.READ if reads else Phase.WRITE,
                 "barriers": _barrier_cells(p, view.start, dead),
-                "end_text": _end_text(p, view.start),
+                "end_text": end_text,
                 "note": p.note,
+                "phase_note": _phase_note(p.note, cell["bytes_text"], end_text),
                 "fault": p.fault,
                 "dead_reported_by": list(p.dead_reported_by),
                 "error": p.error,
@@ -152,11 +170,13 @@ def timeline_of(record: OperationRecord) -> dict[str, Any]:
 
     It is ``record.to_dict()`` (what the lab sidebar's timeline draws) without each
     process's ``events``, which the drawing does not need and which grow with every
-    progress event.
+    progress event, plus ``view``: the decisions the drawing shows
+    (:func:`nbckpt.views.timeline.timeline_view`), as the server sends them.
     """
     d = record.to_dict()
     for proc in d["processes"].values():
         proc.pop("events", None)
+    d["view"] = timeline_view(record)
     return d
 
 

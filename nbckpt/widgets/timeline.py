@@ -23,6 +23,7 @@ from matplotlib.transforms import Bbox
 from nbckpt.journal import OperationRecord, PhaseSpan
 from nbckpt.protocol import BARRIER_PREFIX, Event, Kind, Phase, Status
 from nbckpt.session import reads
+from nbckpt.views.timeline import NOT_FAILED, commit_time, failure_note
 from nbckpt.widgets.palette import LIGHT, Palette, ThemeName, lab_theme, palette, role_of
 
 __all__ = ["PHASE_COLORS", "plot_timeline", "plot_timelines"]
@@ -38,8 +39,6 @@ PHASE_COLORS: dict[str, str] = {
 #: The legend's order: a save's phases as they happen, a restore's reads among them.
 _LEGEND_ORDER: tuple[str, ...] = (Phase.SNAPSHOT, Phase.READ, Phase.WRITE, _BARRIER, Phase.FINALIZE)
 _BLOCKING: set[str] = {Phase.SNAPSHOT}  # what ``save`` waits for before it returns
-#: A process whose part ended well, or has not ended: anything else is drawn failed.
-_NOT_FAILED: set[str] = {Status.RUNNING, Status.COMMITTED, Status.RESTORED}
 
 
 def _load(source: OperationRecord | str | os.PathLike[str], op: str | None) -> OperationRecord:
@@ -49,19 +48,6 @@ def _load(source: OperationRecord | str | os.PathLike[str], op: str | None) -> O
         raise ValueError("plot_timeline(root, op): name the operation when passing a root")
     record: OperationRecord = reads.run(reads.READ_OPERATION, source, op)
     return record
-
-
-def _commit_time(record: OperationRecord) -> float | None:
-    """When a committed save's step became complete: the end of its finalize phase."""
-    if record.status != Status.COMMITTED:
-        return None
-    ends = [
-        s.end
-        for r in record.processes.values()
-        for s in r.phases
-        if s.name == Phase.FINALIZE and s.end is not None
-    ]
-    return min(ends) if ends else None
 
 
 def _resolve(theme: str) -> ThemeName:
@@ -225,11 +211,11 @@ def _legend(ax: Axes, records: list[OperationRecord], pal: Palette) -> None:
         )
         for n in names
     ]
-    if any(r.status not in _NOT_FAILED for r in processes):
+    if any(r.status not in NOT_FAILED for r in processes):
         handles.append(
             Patch(facecolor="none", edgecolor=pal.failed, lw=2, label=str(Status.FAILED))
         )
-    if any(_commit_time(record) is not None for record in records):
+    if any(commit_time(record) is not None for record in records):
         handles.append(Line2D([], [], color=pal.commit, lw=2.0, label=str(Status.COMMITTED)))
     if handles:
         legend = ax.legend(
@@ -301,12 +287,13 @@ def plot_timeline(
         rec = record.processes[p]
         for span in rec.phases:
             _draw_span(ax, p, span, t0, t_end, p, pal)
-        if rec.status not in _NOT_FAILED:
+        if rec.status not in NOT_FAILED:
             failed = [s for s in rec.phases if s.status == Status.FAILED] or rec.phases
             last = max(failed, key=lambda s: s.start) if failed else None
             x = ((last.end or t_end) if last else t_end) - t0
             ax.plot([x], [p], marker="X", color=pal.failed, markersize=9, gid=f"failed:{p}")
-            msg = textwrap.shorten(rec.error or str(rec.status), 70, placeholder="…")
+            note = failure_note(record, p) or str(rec.status)
+            msg = textwrap.shorten(note, 70, placeholder="…")
             ax.annotate(
                 f"{last.name if last else rec.status}: {msg}",
                 (x, p + 0.36),
@@ -326,7 +313,7 @@ def plot_timeline(
                 exits[name] = min(exits.get(name, float("inf")), float(e["t"]))
     span_s = max(t_end - t0, 1e-3)
     lines = _release_labels(ax, exits, t0, pal, span_s)
-    committed = _commit_time(record)
+    committed = commit_time(record)
     if committed is not None:
         ax.axvline(committed - t0, color=pal.commit, lw=2.0, gid="commit")
     ax.set_yticks(procs, [f"process {p}" for p in procs])
@@ -427,7 +414,7 @@ def plot_timelines(
             annotation_clip=False,
             gid=f"label:{record.op}",
         )
-        committed = _commit_time(record)
+        committed = commit_time(record)
         if committed is not None:
             ax.vlines(
                 committed - t0,

@@ -11,6 +11,7 @@
  * (`style/widget.css`, with the shared palette and timeline rules) into
  * `nbckpt/widgets/static/progress.css`.
  */
+import type { IRow } from '../../generated/nbckpt';
 import {
   ITimelineNames,
   ITimelineOperation,
@@ -18,41 +19,11 @@ import {
   renderTimeline
 } from '../timeline';
 
-/** One barrier chip of a row. */
-export interface IBarrierCell {
-  name: string;
-  state: string;
-  text: string;
-  waiting_for: number[];
-  arrived_ms: number | null;
-}
-
-/** One process's row, as `nbckpt.widgets.progress.rows_from_view` builds it. */
-export interface IRow {
-  process: number;
-  phase: string;
-  status: string;
-  bytes_written: number;
-  bytes_total: number;
-  fraction: number;
-  show_bytes: boolean;
-  bytes_text: string;
-  /** False where a bar would mislead (nothing of its own to write); default true. */
-  show_bar?: boolean;
-  /** The column's verb: written for a save, read for a restore. */
-  bytes_verb?: string;
-  /** Why the row looks as it does, when that needs saying. */
-  note?: string | null;
-  barriers: IBarrierCell[];
-  end_text: string;
-  error: string | null;
-  error_phase: string | null;
-}
+/** One barrier chip, and one process's row (`rows_from_view`), typed from Python. */
+export type { IBarrierCell, IRow } from '../../generated/nbckpt';
 
 /** The protocol names the widget gets from Python (`nbckpt.protocol.as_json()`). */
-export type IWidgetNames = ITimelineNames & {
-  kind_names: { restore: string };
-};
+export type IWidgetNames = ITimelineNames;
 
 /** The synced traits this module reads. */
 export interface ITraits {
@@ -120,15 +91,15 @@ function breakable(text: string): DocumentFragment {
   return out;
 }
 
-function drawRow(table: HTMLTableElement, r: IRow, fillKind: string): void {
+function drawRow(table: HTMLTableElement, r: IRow): void {
   const tr = el('tr', `nbckpt-w-row nbckpt-w-${r.status}`);
   tr.dataset.process = String(r.process);
   tr.dataset.status = r.status;
   tr.append(el('td', 'nbckpt-w-proc', String(r.process)));
   const phase = el('td', 'nbckpt-w-phase');
   phase.append(breakable(r.phase));
-  if (r.note && r.note !== r.bytes_text && !r.end_text.includes(r.note)) {
-    phase.append(el('div', 'nbckpt-w-note', r.note));
+  if (r.phase_note) {
+    phase.append(el('div', 'nbckpt-w-note', r.phase_note));
   }
   tr.append(phase);
   const bytes = el('td', 'nbckpt-w-bytes');
@@ -136,6 +107,8 @@ function drawRow(table: HTMLTableElement, r: IRow, fillKind: string): void {
     const box = el('div', 'nbckpt-w-bytes-box');
     if (r.show_bar !== false) {
       const bar = el('div', 'nbckpt-w-bar');
+      // The bar takes the colour of the phase that moves its bytes (Python says which).
+      const fillKind = r.fill_kind.replace(/\W/g, '_');
       const fill = el('div', `nbckpt-w-fill nbckpt-w-fill-${fillKind}`);
       fill.style.width = `${Math.round(100 * (r.fraction || 0))}%`;
       bar.append(fill);
@@ -184,13 +157,6 @@ function drawHead(model: IModel, head: HTMLElement): void {
 /** The table of rows, in a box that scrolls sideways only if nothing else fits. */
 function drawTable(model: IModel, box: HTMLElement): void {
   const rows = model.get('rows') || [];
-  const names = model.get('protocol') || {};
-  const timeline = model.get('timeline') || {};
-  const reads =
-    names.kind_names !== undefined &&
-    timeline.kind === names.kind_names.restore;
-  const fillKind =
-    (reads ? names.phase_names?.read : names.phase_names?.write) ?? '';
   const table = el('table', 'nbckpt-w-table');
   table.dataset.status = model.get('status');
   const head = el('tr');
@@ -200,7 +166,7 @@ function drawTable(model: IModel, box: HTMLElement): void {
   }
   table.append(head);
   for (const r of rows) {
-    drawRow(table, r, fillKind.replace(/\W/g, '_'));
+    drawRow(table, r);
   }
   box.replaceChildren(table);
 }
@@ -212,6 +178,7 @@ function drawable(
 ): [ITimelineOperation, ITimelineNames] | null {
   if (
     timeline.processes === undefined ||
+    timeline.view === undefined ||
     timeline.op === undefined ||
     names.statuses === undefined ||
     names.phase_names === undefined ||

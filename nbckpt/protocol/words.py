@@ -1,4 +1,4 @@
-"""Every name and id of the nbckpt protocol, in one place (no jax, no IPython).
+"""Every word and id of the nbckpt protocol, in one place (no jax, no IPython).
 
 The engine writes these words into the journal and the key-value store; the journal
 readers, the views, the server and (through the server's ``/nbckpt/api/protocol``
@@ -20,7 +20,10 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
+
+if TYPE_CHECKING:
+    from nbckpt.protocol.views import ProtocolNames
 
 __all__ = [
     "BARRIERS",
@@ -36,6 +39,7 @@ __all__ = [
     "SPANS",
     "SPANS_BY_KIND",
     "Barrier",
+    "BarrierState",
     "Cause",
     "Event",
     "Kind",
@@ -71,6 +75,19 @@ class Barrier(StrEnum):
     TMP_READY = "tmp_ready"
     WRITE_COMPLETE = "write_complete"
     COMMIT_COMPLETE = "commit_complete"
+
+
+class BarrierState(StrEnum):
+    """Where one process stands at one barrier: the one word every view draws it by.
+
+    The widget's barrier chips, the timeline's barrier spans (their labels: waited
+    for, waiting for, gave up on) and the text views all say it with these.
+    """
+
+    RELEASED = "released"
+    WAITING = "waiting"
+    #: It gave up there (it failed, or died, while waiting).
+    FAILED = "failed"
 
 
 #: The barrier a restore meets before its processes exchange the pieces of replicated
@@ -308,23 +325,21 @@ def check_timeout(value: object, what: str = "timeout") -> float:
     return seconds
 
 
-def as_json() -> dict[str, Any]:
-    """Return the protocol's names as JSON-able data, for the lab extension."""
+def as_json() -> ProtocolNames:
+    """Return the protocol's names as JSON-able data, for the lab extension and the widget."""
     return {
         "phases": list(PHASES),
-        "barriers": list(BARRIERS),
+        "barriers": list(Barrier),
         "barrier_prefix": BARRIER_PREFIX,
-        "events": [e.value for e in Event],
-        "spans": [[s.value, e.value, p.value] for s, e, p in SPANS],
-        "spans_by_kind": {
-            str(k): [[s.value, e.value, p.value] for s, e, p in spans]
-            for k, spans in SPANS_BY_KIND.items()
-        },
+        "events": list(Event),
+        "spans": list(SPANS),
+        "spans_by_kind": {str(k): list(spans) for k, spans in SPANS_BY_KIND.items()},
         "end_statuses": sorted(str(s) for s in END_STATUSES),
-        "statuses": {s.name.lower(): s.value for s in Status},
-        "kinds": [k.value for k in Kind],
-        "kind_names": {k.name.lower(): k.value for k in Kind},
-        "causes": [c.value for c in Cause],
+        "statuses": {s.name.lower(): s for s in Status},
+        "kinds": list(Kind),
+        "kind_names": {k.name.lower(): k for k in Kind},
+        "causes": list(Cause),
         "modes": list(MODES),
-        "phase_names": {p.name.lower(): p.value for p in Phase},
+        "phase_names": {p.name.lower(): p for p in Phase},
+        "barrier_states": {b.name.lower(): b for b in BarrierState},
     }

@@ -1,0 +1,165 @@
+"""What a timeline of one operation says besides its spans, decided once for every drawing.
+
+The lab sidebar and the live widget draw an operation's timeline in TypeScript, and
+:mod:`nbckpt.widgets.timeline` draws it with matplotlib; all three take their
+decisions from here: when the step committed, why a row is marked failed (one
+sentence), where its failure mark goes, and whom each barrier wait waited for.
+:func:`timeline_view` sends them as :class:`~nbckpt.protocol.views.TimelineView`.
+"""
+
+from __future__ import annotations
+
+from nbckpt.journal import OperationRecord, PhaseSpan, ProcessRecord
+from nbckpt.protocol import BARRIER_PREFIX, BarrierState, Phase, Status
+from nbckpt.protocol.views import BarrierWait, ProcessDrawing, TimelineView
+
+__all__ = [
+    "NOT_FAILED",
+    "barrier_wait",
+    "commit_time",
+    "everyone_of",
+    "failure_note",
+    "latest_time",
+    "timeline_view",
+]
+
+#: A process whose part ended well, or has not ended: any other status is a failure.
+NOT_FAILED: frozenset[str] = frozenset({Status.RUNNING, Status.COMMITTED, Status.RESTORED})
+
+#: How a barrier wait's label names whom it waited for, by its state.
+_WAIT_WORDS: dict[BarrierState, tuple[str, str]] = {
+    BarrierState.RELEASED: ("waited", "for"),
+    BarrierState.WAITING: ("waiting", "for"),
+    BarrierState.FAILED: ("gave up", "on"),
+}
+
+#: A span's status, as a barrier state.
+_SPAN_STATES: dict[str, BarrierState] = {
+    Status.DONE: BarrierState.RELEASED,
+    Status.OPEN: BarrierState.WAITING,
+}
+
+
+def commit_time(record: OperationRecord) -> float | None:
+    """When a committed save's step became complete: the earliest end of a finalize.
+
+    Only the primary finalizes; should more processes record one, the step was
+    complete at the first end.
+    """
+    if record.status != Status.COMMITTED:
+        return None
+    ends = [
+        s.end
+        for r in record.processes.values()
+        for s in r.phases
+        if s.name == Phase.FINALIZE and s.end is not None
+    ]
+    return min(ends) if ends else None
+
+
+def _latest(phases: list[PhaseSpan]) -> float | None:
+    times = [t for s in phases for t in (s.start, s.end) if t is not None]
+    return max(times) if times else None
+
+
+def latest_time(record: OperationRecord) -> float | None:
+    """The latest wall time the journal's spans show (their starts and ends)."""
+    return _latest([s for r in record.processes.values() for s in r.phases])
+
+
+def failure_note(record: OperationRecord, process: int) -> str | None:
+    """Why a process's row is marked failed, in one sentence; None when it is not.
+
+    Its own error when it recorded one; a dead process's status with who reports
+    it; a process still running in an operation that ended, that it recorded no
+    outcome; one reported dead before it recorded anything, that it recorded nothing.
+    """
+    proc = record.processes.get(process)
+    if proc is None:
+        return f"{Status.DEAD}: recorded nothing" if process in record.dead else None
+    if proc.error:
+        return proc.error
+    if proc.status not in NOT_FAILED:
+        by = ", ".join(map(str, proc.dead_reported_by))
+        return f"{proc.status} (reported by {by})" if by else str(proc.status)
+    if proc.status == Status.RUNNING and record.status != Status.RUNNING:
+        # The others finished or gave up; this one never recorded an outcome.
+        return "recorded no outcome (the process died?)"
+    return None
+
+
+def _failed_at(proc: ProcessRecord) -> float | None:
+    ends = [s.end for s in proc.phases if s.status == Status.FAILED and s.end is not None]
+    return max(ends) if ends else _latest(proc.phases)
+
+
+def barrier_wait(
+    record: OperationRecord, process: int, span: PhaseSpan, everyone: list[int]
+) -> BarrierWait:
+    """Whom ``process`` waited for at the barrier wait ``span``.
+
+    Those that entered the same barrier after it; while it waits (or where it gave
+    up), those that have not entered it yet, or entered after it stopped waiting.
+    """
+    arrived: dict[int, float] = {}
+    for other in record.processes.values():
+        same = next((s for s in other.phases if s.name == span.name), None)
+        if same is not None:
+            arrived[other.process] = same.start
+    state = _SPAN_STATES.get(span.status, BarrierState.FAILED)
+    until = span.end if span.end is not None else float("inf")
+    late = []
+    for p in everyone:
+        t = arrived.get(p)
+        if p == process:
+            continue
+        if state == BarrierState.RELEASED:
+            if t is not None and t > span.start:
+                late.append(p)
+        elif t is None or t > until:
+            late.append(p)
+    verb, on = _WAIT_WORDS[state]
+    who = ", ".join(map(str, late))
+    return {
+        "state": state,
+        "processes": late,
+        "label": f"{verb} {on} {who}" if late else "",
+        "short": f"{on} {who}" if late else "",
+    }
+
+
+def everyone_of(record: OperationRecord) -> list[int]:
+    """Every process of an operation: those it counts, those seen, those reported dead."""
+    return sorted(set(range(record.process_count)) | set(record.processes) | set(record.dead))
+
+
+def timeline_view(record: OperationRecord) -> TimelineView:
+    """The decisions a drawing of ``record`` takes, as data for the TypeScript side.
+
+    Returns
+    -------
+    TimelineView
+        ``commit_time`` (:func:`commit_time`), ``latest`` (:func:`latest_time`), and
+        for every process (:func:`everyone_of`, keyed by its index as a string) its
+        ``failure`` (:func:`failure_note`), ``failed_at`` and ``waits``
+        (:func:`barrier_wait` of each barrier span, by phase name).
+    """
+    everyone = everyone_of(record)
+    processes: dict[str, ProcessDrawing] = {}
+    for p in everyone:
+        proc = record.processes.get(p)
+        failure = failure_note(record, p)
+        waits: dict[str, BarrierWait] = {}
+        for span in proc.phases if proc is not None else []:
+            if span.name.startswith(BARRIER_PREFIX) and span.name not in waits:
+                waits[span.name] = barrier_wait(record, p, span, everyone)
+        processes[str(p)] = {
+            "failure": failure,
+            "failed_at": _failed_at(proc) if proc is not None and failure is not None else None,
+            "waits": waits,
+        }
+    return {
+        "commit_time": commit_time(record),
+        "latest": latest_time(record),
+        "processes": processes,
+    }
