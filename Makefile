@@ -11,7 +11,8 @@ PYTEST_ARGS ?=
 # The lab extension is built by the package's build hook (pip install), so its sources
 # are inputs of the install too.
 LAB_SOURCES := $(wildcard labextension/src/*.ts labextension/src/widget/*.ts \
-	labextension/tsconfig*.json labextension/style/* labextension/schema/*) \
+	labextension/tsconfig*.json labextension/style/* labextension/schema/* \
+	labextension/generated/*.d.ts) \
 	labextension/package.json labextension/yarn.lock
 
 .PHONY: setup demo test lint browser-deps host-deps bench compare clean

@@ -22,6 +22,16 @@ from multiprocessing.connection import Connection, answer_challenge, deliver_cha
 from typing import Any
 
 from nbckpt.errors import ClusterError
+from nbckpt.protocol.reads import (
+    FSCK,
+    IS_COMPLETE,
+    LIST_OPERATIONS,
+    LIST_STEPS,
+    READ_MATCHING,
+    READ_METADATA,
+    READ_OPERATION,
+    READS,
+)
 
 __all__ = [
     "IS_COMPLETE",
@@ -38,20 +48,6 @@ __all__ = [
     "run",
     "use",
 ]
-
-# The read functions the notebook runs where the storage is seen, by name; the engines'
-# read service runs these and nothing else.
-READ_OPERATION = "nbckpt.journal:read_operation"
-READ_MATCHING = "nbckpt.journal:read_matching"
-LIST_OPERATIONS = "nbckpt.journal:list_operations"
-IS_COMPLETE = "nbckpt.formats.layout:is_complete"
-READ_METADATA = "nbckpt.formats.layout:read_metadata"
-LIST_STEPS = "nbckpt.formats.inventory:list_steps"
-#: fsck reads, and removes only with the ``clean=True`` the user asked for.
-FSCK = "nbckpt.formats.fsck:fsck"
-READS = frozenset(
-    {READ_OPERATION, READ_MATCHING, LIST_OPERATIONS, IS_COMPLETE, READ_METADATA, LIST_STEPS, FSCK}
-)
 
 
 class Relay:

@@ -4,7 +4,8 @@ On a real cluster the notebook's machine often does not mount the checkpoint roo
 hosts do. Each engine of such a cluster runs this small service in a thread of its own,
 so it answers while the engine's main thread runs a ``%%px`` cell (a training loop):
 the live widgets, ``%ckpt_show``, ``%ckpt_timeline``, ``%ckpt_ls``, ``%ckpt_fsck`` and
-``SaveHandle.wait`` read through it (:mod:`nbckpt.session.reads` is the notebook's side).
+``SaveHandle.wait`` read through it. :mod:`nbckpt.session.reads` is the notebook's
+side, and :mod:`nbckpt.protocol.reads` the list of reads both sides agree on.
 
 It runs only the read functions in :data:`ALLOWED`, by name, and only for a client
 that proves it holds the key the notebook sent through ipyparallel's authenticated
@@ -20,7 +21,7 @@ from multiprocessing.connection import Connection, Listener
 from typing import Any
 
 from nbckpt.netaddr import route_address
-from nbckpt.session.reads import READS
+from nbckpt.protocol.reads import READS
 
 __all__ = ["ALLOWED", "serve", "stop"]
 
