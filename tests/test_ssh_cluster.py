@@ -193,7 +193,7 @@ def test_the_notebook_reads_what_only_the_hosts_see(ip, tmp_path, capsys):
                 f"start --engines ssh --ssh-config {ssh.config} --dir {HOST_STORAGE} --hosts h0,h1",
             )
             cluster = magics.cluster
-            assert reads.remote() and cluster.relay is not None
+            assert cluster.reader.remote and cluster.relay is not None
             ip.run_cell_magic("px", "", BUILD)
             handle = ip.run_line_magic("ckpt_save", "state --step 1 --quiet")
             ip.run_line_magic("ckpt_wait", "")
@@ -220,7 +220,7 @@ def test_the_notebook_reads_what_only_the_hosts_see(ip, tmp_path, capsys):
 
             # The read service answers while every engine is busy running a cell.
             busy = cluster.view.apply_async(time.sleep, 5)
-            ops = reads.run("nbckpt.journal:list_operations", HOST_STORAGE)
+            ops = cluster.reader.run("nbckpt.journal:list_operations", HOST_STORAGE)
             assert len(ops) >= 3 and not busy.ready()
             busy.get(timeout=30)
 
@@ -230,4 +230,4 @@ def test_the_notebook_reads_what_only_the_hosts_see(ip, tmp_path, capsys):
             if magics.cluster is not None:
                 magics.cluster.stop()
                 magics.cluster = magics.client = None
-        assert not reads.remote()
+        assert not cluster.reader.remote and not reads.remote()

@@ -10,35 +10,25 @@ named (``"nbckpt.engine.remote.agent:save_var"``) and imported on the engines.
 from __future__ import annotations
 
 import os
-import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from nbckpt import storage
-from nbckpt.errors import ClusterGoneError, SaveFailedError, by_process, who
-from nbckpt.formats.layout import Mode, step_dir
+from nbckpt.errors import SaveFailedError
+from nbckpt.formats.layout import Mode
 from nbckpt.formats.retention import RetentionPolicy, check_metrics
-from nbckpt.journal import OperationRecord, ProcessRecord, merge_events
+from nbckpt.journal import OperationRecord
 from nbckpt.protocol import (
     DEFAULT_BARRIER_TIMEOUT_S,
     DEFAULT_SAVE_TIMEOUT_S,
-    Cause,
-    Event,
-    Status,
     check_timeout,
 )
 from nbckpt.session import reads
-from nbckpt.session.cluster import (
-    AGENT,
-    ENGINE_DIED,
-    JaxCluster,
-    engine_errors,
-    errors_by_process,
-    remote,
-)
+from nbckpt.session.cluster import JaxCluster
+from nbckpt.session.handles import BarrierReport, SaveHandle, _timeout
+from nbckpt.session.rpc import AGENT, ENGINE_DIED, engine_errors, errors_by_process, remote
 
 __all__ = [
     "BarrierReport",
@@ -78,231 +68,62 @@ def _in_namespace(ref: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
     return getattr(importlib.import_module(module), name)(globals(), *args, **kwargs)
 
 
-def _timeout(value: float | None, what: str = "timeout_s") -> float | None:
-    """Check a timeout before anything is sent; None stays None (no limit)."""
-    return None if value is None else check_timeout(value, what)
+def _targets(engine_ids: list[int], processes: list[int] | None) -> list[int]:
+    """The engines a barrier for ``processes`` (None: all) runs on; checked first."""
+    if processes is None:
+        return list(engine_ids)
+    if not processes:
+        raise ValueError("processes is empty: name at least one process, or none for all")
+    n = len(engine_ids)
+    bad = [p for p in processes if not 0 <= p < n]
+    if bad:
+        raise ValueError(f"no process {bad[0]}: this cluster has processes 0..{n - 1}")
+    return [engine_ids[p] for p in processes]
 
 
-@dataclass
-class SaveHandle:
-    """A save running on the engines. Its journal is the source of truth.
+def _arm_fault(
+    cluster: JaxCluster,
+    kind: str,
+    process: int | None,
+    *,
+    at: str | None,
+    seconds: float | None,
+    factor: float | None,
+) -> dict[int, list[str]]:
+    """:meth:`CheckpointClient.fault`, on ``cluster``."""
+    import ipyparallel as ipp
 
-    Attributes
-    ----------
-    op
-        The operation id (``<root>/.nbckpt/ops/<op>``).
-    step, root
-        What is being saved where.
-    blocked_s
-        Per process, how long ``save`` blocked the engine (the snapshot).
+    fault = remote(f"{AGENT}:fault")
+    n = len(cluster.engine_ids)
+    if kind in ("list", "clear"):
+        res = cluster.apply(fault, kind, what=f"fault {kind}", timeout_s=30)
+        return dict(enumerate(res))
+    if process is None or not 0 <= process < n:
+        raise ValueError(f"--process must be one of 0..{n - 1}, got {process}")
+    cluster.check_alive()
+    engine = cluster.client[cluster.engine_ids[process]]
+    ar = engine.apply_async(fault, kind, at=at, seconds=seconds, factor=factor)
+    try:
+        armed = ar.get(timeout=30)
+    except (ipp.error.EngineError, ipp.error.RemoteError) as e:
+        died = isinstance(e, ipp.error.EngineError) or getattr(e, "ename", "") == "EngineError"
+        if kind == "kill" and at is None and died:
+            return {process: ["killed"]}  # the answer we asked for
+        raise engine_errors(e, cluster.ranks, f"fault {kind}") from None
+    return {process: list(armed)}
 
-    Notes
-    -----
-    Its ``repr`` reads the journal each time until the save has ended (then the end
-    is kept: it cannot change). In a notebook the handle is shown by
-    :meth:`live_status`, which keeps that text current from the journal by itself,
-    so an ``Out`` cell never says ``running`` under a save that has committed.
-    """
 
-    op: str
-    step: int
-    root: str
-    blocked_s: list[float]
-    client: CheckpointClient = field(repr=False)
-    #: Whether a wait has already reported how this save ended.
-    reported: bool = field(default=False, repr=False)
-    #: How the save ended, once the journal says so (it cannot change after).
-    _ended: str | None = field(default=None, init=False, repr=False)
-
-    def record(self) -> OperationRecord:
-        """The merged journal of this save, as it stands now (running until it appears).
-
-        On an object store a process's first events reach the bucket up to a quarter of
-        a second after ``save`` returned (its journal is put whole, once per flush).
-        """
+def _engine_reports(cluster: JaxCluster, health: dict[int, str]) -> list[Any]:
+    """The engines' status reports, when process 0 is alive (else none)."""
+    alive = [p for p, h in health.items() if h == "alive"]
+    engines = []
+    if alive and 0 in alive:
+        view = cluster.client.direct_view(targets=[cluster.engine_ids[p] for p in alive])
         try:
-            record: OperationRecord = reads.run(reads.READ_OPERATION, self.root, self.op)
-        except FileNotFoundError:
-            return merge_events(self.op, {})
-        return record
-
-    def status(self) -> str:
-        """:class:`~nbckpt.protocol.Status` ``RUNNING``, ``COMMITTED`` or ``FAILED``."""
-        if self._ended is not None:
-            return self._ended
-        status = self.record().status
-        if status != Status.RUNNING:
-            self._ended = status
-        return status
-
-    def done(self) -> bool:
-        """Tell whether the save has committed or failed."""
-        return self.status() != "running"
-
-    def wait(self, timeout_s: float | None = None, poll_s: float = 0.05) -> OperationRecord:
-        """Wait until the save commits; return its journal record.
-
-        Raises
-        ------
-        SaveFailedError
-            If it failed; the message names the processes and their errors.
-        TimeoutError
-            If ``timeout_s`` passes first (the save goes on).
-        """
-        timeout_s = _timeout(timeout_s)
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        dead_since: float | None = None
-        while True:
-            rec = self.record()
-            if rec.status == Status.FAILED:
-                # Give the other processes a moment to journal their own outcome, so
-                # the error names every process that failed, not just the fastest.
-                settle = time.monotonic() + 2.0
-                while time.monotonic() < settle and any(
-                    r.status == Status.RUNNING for r in rec.processes.values()
-                ):
-                    time.sleep(poll_s)
-                    rec = self.record()
-                self.client._acknowledge(self.op)
-                self.reported = True
-                raise _failure(rec, self.root)
-            if rec.status != Status.RUNNING:
-                self.reported = True
-                return rec
-            dead = self.client.cluster.dead_processes()
-            if 0 in dead:
-                raise ClusterGoneError()
-            if dead:
-                # Survivors journal the failure within seconds; if they do not (all of
-                # them died), say so from the controller's view.
-                dead_since = dead_since or time.monotonic()
-                if time.monotonic() - dead_since > 8:
-                    self.client._acknowledge(self.op)
-                    self.client.cluster.check_alive()
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"step {self.step} ({self.op}) is still running after {timeout_s:g} s; "
-                    "%ckpt_status shows where each process is"
-                )
-            time.sleep(poll_s)
-
-    def _text(self, status: str) -> str:
-        return f"<SaveHandle step {self.step} -> {self.root} ({self.op}): {status}>"
-
-    def __repr__(self) -> str:
-        return self._text(self.status())
-
-    def live_status(self) -> Any:
-        """Return a widget that shows this handle's ``repr``, kept current by itself.
-
-        An ``ipywidgets.Label`` whose text follows the save's journal (a
-        :class:`~nbckpt.widgets.live.LiveUpdater`, its ``live`` attribute) until the
-        save has ended; the notebook shows it instead of a ``repr`` frozen at the
-        moment the cell ended.
-        """
-        import ipywidgets
-
-        from nbckpt.views.monitor import JournalTailer
-        from nbckpt.widgets.live import LiveUpdater
-
-        label = ipywidgets.Label(value=repr(self))
-
-        def show(view: Any) -> None:
-            if view.status != Status.RUNNING:
-                self._ended = view.status
-            label.value = self._text(view.status)
-
-        label.live = None
-        if self._ended is None:
-            label.live = LiveUpdater(JournalTailer(self.root, self.op), show).start()
-        return label
-
-    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any] | None:
-        # In a kernel, a save still running is shown by a label that keeps up with it;
-        # elsewhere (a terminal, a finished save) the text is all there is to show.
-        from nbckpt.widgets.live import kernel_loop
-
-        if kernel_loop() is None or self.status() != Status.RUNNING:
-            return None
-        label = self.live_status()
-        bundle = label._repr_mimebundle_(**kwargs)
-        if not isinstance(bundle, dict):
-            return None
-        return {**bundle, "text/plain": label.value}
-
-
-def _failed_event(proc: ProcessRecord) -> dict[str, Any]:
-    """The last ``failed`` event a process journaled (empty if none), as the reader's."""
-    return next((e for e in reversed(proc.events) if e.get("event") == Event.FAILED), {})
-
-
-def _failure(rec: OperationRecord, root: str) -> SaveFailedError:
-    """One error for a failed save, led by its causes rather than by who gave up.
-
-    Each ``failed`` event says, as data, whether its process failed on its own
-    (``cause`` ``error``) or gave up because of another (``culprit``); an event
-    without a cause, from a journal older than that field, counts as its own error.
-    """
-    failed = {p: r for p, r in rec.processes.items() if r.status == Status.FAILED}
-    events = {p: _failed_event(r) for p, r in failed.items()}
-    errors = {p: r.error or str(Status.FAILED) for p, r in failed.items()}
-    causes = {p: errors[p] for p in failed if events[p].get("cause", Cause.ERROR) == Cause.ERROR}
-    if not causes:
-        # Every process gave up because of one that journaled nothing (it died, or
-        # never arrived); the first to notice says what happened to it.
-        first = min(failed, key=lambda p: float(events[p].get("t", float("inf"))))
-        causes = {first: errors[first]}
-    others = sorted(set(errors) - set(causes))
-    then = f" (then {who(others)} gave up)" if others else ""
-    return SaveFailedError(
-        f"save of step {rec.step} ({rec.op}) failed on {by_process(causes)}{then}; "
-        f"{_outcome(rec, root, list(events.values()))}",
-        sorted(errors),
-        causes=errors,
-    )
-
-
-def _outcome(rec: OperationRecord, root: str, failed: list[dict[str, Any]]) -> str:
-    """What a failed save left of its step on disk, in words."""
-    if rec.step is None:
-        return "nothing was committed"
-    path = step_dir(root, rec.step)
-    complete = reads.run(reads.IS_COMPLETE, path)
-    if complete:
-        meta = reads.run(reads.READ_METADATA, path) or {}
-        finalized = any(
-            e.get("event") == Event.FINALIZED for r in rec.processes.values() for e in r.events
-        )
-        if meta.get("op") == rec.op or finalized or any(e.get("committed") for e in failed):
-            return "the step had been committed before the failure and is complete on disk"
-    # A forced re-save that failed keeps the step committed before it. Journals older
-    # than ``previous_kept`` do not say so, but a complete step that this save did not
-    # commit can only be that one.
-    if complete or any(e.get("previous_kept") for e in failed):
-        return f"the previously committed step {rec.step} is untouched"
-    return "nothing was committed for this step"
-
-
-@dataclass
-class BarrierReport:
-    """When each process arrived at and left a barrier (wall times)."""
-
-    name: str
-    key: str
-    entered: dict[int, float]
-    left: dict[int, float]
-
-    def table(self) -> str:
-        """A text table: per process, arrival and release relative to the first arrival."""
-        t0 = min(self.entered.values())
-        lines = [
-            f"barrier {self.name!r} (key nbckpt/{self.key})",
-            "process  arrived (ms)  left (ms)  waited (ms)",
-        ]
-        for p in sorted(self.entered):
-            a, b = self.entered[p] - t0, self.left[p] - t0
-            lines.append(f"{p:>7}  {a * 1e3:>12.1f}  {b * 1e3:>9.1f}  {(b - a) * 1e3:>11.1f}")
-        return "\n".join(lines)
+            engines = list(view.apply_async(remote(f"{AGENT}:status")).get(timeout=30))
+        except Exception:  # an engine died meanwhile: the health line says which
+            engines = []
+    return engines
 
 
 class CheckpointClient:
@@ -323,6 +144,12 @@ class CheckpointClient:
         self.directory = None if directory is None else str(storage.location(directory))
         self.handles: list[SaveHandle] = []
         self._acknowledged: set[str] = set()
+
+    @property
+    def reader(self) -> reads.Reader:
+        """Where this client's reads of checkpoint records run: its cluster's reader."""
+        reader: reads.Reader = getattr(self.cluster, "reader", reads.LOCAL)
+        return reader
 
     def _acknowledge(self, op: str) -> None:
         self._acknowledged.add(op)
@@ -546,16 +373,7 @@ class CheckpointClient:
         import ipyparallel as ipp
 
         timeout_s = check_timeout(timeout_s, "timeout_s")
-        n = len(self.cluster.engine_ids)
-        if processes is not None:
-            if not processes:
-                raise ValueError("processes is empty: name at least one process, or none for all")
-            bad = [p for p in processes if not 0 <= p < n]
-            if bad:
-                raise ValueError(f"no process {bad[0]}: this cluster has processes 0..{n - 1}")
-            targets = [self.cluster.engine_ids[p] for p in processes]
-        else:
-            targets = self.cluster.engine_ids
+        targets = _targets(self.cluster.engine_ids, processes)
         self.cluster.check_alive()  # a dead engine: one clear line, before anything is sent
         view = self.cluster.client.direct_view(targets=targets)
         try:
@@ -591,40 +409,12 @@ class CheckpointClient:
         and ``clear`` on every process. Returns the faults armed, per process. A ``kill``
         without ``at`` kills the process at once.
         """
-        import ipyparallel as ipp
-
-        fault = remote(f"{AGENT}:fault")
-        n = len(self.cluster.engine_ids)
-        if kind in ("list", "clear"):
-            res = self.cluster.apply(fault, kind, what=f"fault {kind}", timeout_s=30)
-            return dict(enumerate(res))
-        if process is None or not 0 <= process < n:
-            raise ValueError(f"--process must be one of 0..{n - 1}, got {process}")
-        self.cluster.check_alive()
-        engine = self.cluster.client[self.cluster.engine_ids[process]]
-        ar = engine.apply_async(fault, kind, at=at, seconds=seconds, factor=factor)
-        try:
-            armed = ar.get(timeout=30)
-        except (ipp.error.EngineError, ipp.error.RemoteError) as e:
-            died = isinstance(e, ipp.error.EngineError) or getattr(e, "ename", "") == "EngineError"
-            if kind == "kill" and at is None and died:
-                return {process: ["killed"]}  # the answer we asked for
-            raise engine_errors(e, self.cluster.ranks, f"fault {kind}") from None
-        return {process: list(armed)}
+        return _arm_fault(self.cluster, kind, process, at=at, seconds=seconds, factor=factor)
 
     def status(self) -> dict[str, Any]:
         """The engines' reports, their health and the saves this notebook started."""
         health = self.cluster.health()
-        alive = [p for p, h in health.items() if h == "alive"]
-        engines = []
-        if alive and 0 in alive:
-            view = self.cluster.client.direct_view(
-                targets=[self.cluster.engine_ids[p] for p in alive]
-            )
-            try:
-                engines = list(view.apply_async(remote(f"{AGENT}:status")).get(timeout=30))
-            except Exception:  # an engine died meanwhile: the health line says which
-                engines = []
+        engines = _engine_reports(self.cluster, health)
         return {
             "health": health,
             "engines": engines,
@@ -670,7 +460,8 @@ def resolve_operation(
         root = client.directory
     else:
         raise ValueError("which checkpoint directory? pass --dir D (or start the cluster)")
-    known: list[str] = reads.run(reads.LIST_OPERATIONS, root)
+    reader = client.reader if client is not None else reads.LOCAL
+    known: list[str] = reader.run(reads.LIST_OPERATIONS, root)
     if op is None:
         if not known:
             raise ValueError(f"no journaled operations in {root}")

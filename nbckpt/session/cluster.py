@@ -167,6 +167,17 @@ class JaxCluster(Engines):
         self.timings: dict[str, float] = {}
         self._registration = Registration()
 
+    @property
+    def reader(self) -> Any:
+        """Where this cluster's reads of checkpoint records run (a ``reads.Reader``).
+
+        ``reads.LOCAL`` for engines on this machine; one sending reads to the hosts'
+        read services for engines elsewhere.
+        """
+        from nbckpt.session import reads
+
+        return reads.Reader(self.relay) if self.relay is not None else reads.LOCAL
+
     def __repr__(self) -> str:
         return f"JaxCluster(id={self.cluster_id!r}, engines={self.engine_ids}, {self.options})"
 

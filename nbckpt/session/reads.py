@@ -42,9 +42,12 @@ __all__ = [
     "READ_METADATA",
     "READ_OPERATION",
     "FSCK",
+    "LOCAL",
+    "Reader",
     "Relay",
     "release",
     "remote",
+    "routed",
     "run",
     "use",
 ]
@@ -139,6 +142,51 @@ class Relay:
         self._conn = None
 
 
+def _call_here(ref: str, *args: Any, **kwargs: Any) -> Any:
+    module, _, name = ref.partition(":")
+    return getattr(importlib.import_module(module), name)(*args, **kwargs)
+
+
+class Reader:
+    """Runs the notebook's reads of checkpoint records: here, or through a relay.
+
+    A cluster owns its reader (:attr:`JaxCluster.reader`), so reads follow the cluster
+    they are made for rather than whichever cluster was started last.
+
+    Parameters
+    ----------
+    relay
+        The engines' read services to send reads to; None (the default) reads here.
+    """
+
+    def __init__(self, relay: Relay | None = None) -> None:
+        self._relay = relay
+
+    @property
+    def remote(self) -> bool:
+        """Whether reads go to the hosts rather than this machine."""
+        return self._relay is not None
+
+    @property
+    def relay(self) -> Relay | None:
+        """The relay reads go through, or None when they run here."""
+        return self._relay
+
+    def run(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """Call the read function ``name`` (``module:function``) where the storage is seen."""
+        if self._relay is not None:
+            return self._relay.call(name, *args, **kwargs)
+        return _call_here(name, *args, **kwargs)
+
+    def __repr__(self) -> str:
+        if self._relay is None:
+            return "Reader(local)"
+        return f"Reader(relay to {', '.join(self._relay.hosts)})"
+
+
+LOCAL = Reader()
+"""The reader that runs every read on this machine."""
+
 _relay: Relay | None = None
 
 
@@ -161,10 +209,18 @@ def remote() -> bool:
     return _relay is not None
 
 
+def routed(reader: Reader) -> Reader:
+    """``reader``, or the module-level route while callers still rely on :func:`use`.
+
+    A transition seam: once every caller passes its cluster's reader, this returns
+    ``reader`` alone and the global goes.
+    """
+    return reader if reader.remote or _relay is None else Reader(_relay)
+
+
 def run(ref: str, *args: Any, **kwargs: Any) -> Any:
     """Call the read function ``module:function`` where the storage is seen."""
     relay = _relay
     if relay is not None:
         return relay.call(ref, *args, **kwargs)
-    module, _, name = ref.partition(":")
-    return getattr(importlib.import_module(module), name)(*args, **kwargs)
+    return _call_here(ref, *args, **kwargs)

@@ -14,7 +14,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from nbckpt.errors import ClusterError, by_process
+from nbckpt.errors import ClusterError
 
 __all__ = [
     "AGENT",
@@ -133,8 +133,7 @@ def errors_by_process(what: str, errors: dict[int, str]) -> ClusterError:
 
     ``-1`` stands for an engine that could not be matched to a process.
     """
-    procs = sorted(r for r in errors if r >= 0)
-    return ClusterError(f"{what} failed on {by_process(errors)}", procs, causes=errors)
+    return ClusterError.from_failures(what, errors)
 
 
 def engine_errors(exc: BaseException, ranks: dict[int, int], what: str) -> ClusterError:

@@ -417,11 +417,20 @@ class JournalTailer:
         The operation id. It may contain ``*`` (a glob over the operation folders):
         the first folder that matches, once one exists, is followed. The folder need
         not exist yet; :meth:`poll` finds nothing until it does.
+    reader
+        Where the journal is read (a cluster's ``reader`` when only its hosts see it).
     """
 
-    def __init__(self, root: str | os.PathLike[str] | Location, op: str) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str] | Location,
+        op: str,
+        *,
+        reader: reads.Reader = reads.LOCAL,
+    ) -> None:
         self.root = storage.location(root)
         self.op = op
+        self.reads = reader  # where the journal is read whole when only the hosts see it
         self._reader: JournalReader | None = None
         self._record: OperationRecord | None = None
         self._remote_count = 0
@@ -440,7 +449,9 @@ class JournalTailer:
     def poll(self) -> bool:
         """Read what was appended since the last poll; tell whether there was anything."""
         self.polled_at = time.time()
-        if reads.remote():  # only the hosts see the journal: they read it whole
+        if (
+            self.reads.remote or reads.remote()
+        ):  # only the hosts see the journal: they read it whole
             return self._poll_remote()
         if self._reader is None:
             folder = self._folder()
@@ -451,8 +462,11 @@ class JournalTailer:
             self._record = merge_events(self.op, self._reader.events if self._reader else {})
         return grew
 
+    def _where(self) -> reads.Reader:
+        return reads.routed(self.reads)
+
     def _poll_remote(self) -> bool:
-        record = reads.run(reads.READ_MATCHING, self.root, self.op)
+        record = self._where().run(reads.READ_MATCHING, self.root, self.op)
         if record is None:
             grew = False
             record = merge_events(self.op, {})

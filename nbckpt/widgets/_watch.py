@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+from nbckpt.session.reads import LOCAL, Reader
 from nbckpt.views.monitor import JournalTailer, OperationView, settled
 from nbckpt.widgets.live import LiveUpdater
 from nbckpt.widgets.progress import ProgressWidget
@@ -17,6 +18,7 @@ def watch(
     *,
     display: bool = True,
     interval_s: float = 0.25,
+    reader: Reader = LOCAL,
 ) -> ProgressWidget:
     """Show an operation's per-process progress, updated by itself until it ends.
 
@@ -30,6 +32,8 @@ def watch(
         Display the widget now (in a notebook).
     interval_s
         How often the journal is polled.
+    reader
+        Where the journal is read (a cluster's ``reader`` when only its hosts see it).
 
     Returns
     -------
@@ -37,7 +41,7 @@ def watch(
         Its ``live`` attribute is the :class:`~nbckpt.widgets.live.LiveUpdater`, or None
         if the operation's view was already settled (:func:`nbckpt.views.monitor.settled`).
     """
-    tailer = JournalTailer(root, op)
+    tailer = JournalTailer(root, op, reader=reader)
     tailer.poll()
     view = tailer.view()
     widget = ProgressWidget(view, tailer.record())

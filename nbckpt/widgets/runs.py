@@ -136,13 +136,17 @@ def run_row(record: OperationRecord) -> RunRow:
 
 
 def newest_ops(
-    root: str | os.PathLike[str] | Location, n: int, kinds: tuple[str, ...] = (Kind.SAVE,)
+    root: str | os.PathLike[str] | Location,
+    n: int,
+    kinds: tuple[str, ...] = (Kind.SAVE,),
+    *,
+    reader: reads.Reader = reads.LOCAL,
 ) -> list[str]:
     """The ids of the newest ``n`` operations of ``kinds`` journaled under ``root``, oldest first.
 
     Picked by id alone (ids begin with their start time and name their kind).
     """
-    listed: list[str] = reads.run(reads.LIST_OPERATIONS, root)
+    listed: list[str] = reads.routed(reader).run(reads.LIST_OPERATIONS, root)
     wanted = [op for op in listed if (p := parse_op_id(op)) is not None and p.kind in kinds]
     return wanted[-n:]
 
@@ -159,6 +163,8 @@ class RunWatch:
         Which operations to show (default: saves).
     limit
         How many of the newest to show.
+    reader
+        Where the journal is read (a cluster's ``reader`` when only its hosts see it).
     """
 
     def __init__(
@@ -167,19 +173,21 @@ class RunWatch:
         *,
         kinds: tuple[str, ...] = (Kind.SAVE,),
         limit: int = 20,
+        reader: reads.Reader = reads.LOCAL,
     ) -> None:
         if limit < 1:
             raise ValueError(f"limit must be at least 1, got {limit}")
         self.root = storage.location(root)
         self.kinds = kinds
         self.limit = limit
+        self.reader = reader
         self._tailers: dict[str, JournalTailer] = {}
         self._finished: dict[str, RunRow] = {}
         self._rows: list[RunRow] = []
         self.polled_at: float | None = None
 
     def _ops(self) -> list[str]:
-        return newest_ops(self.root, self.limit, self.kinds)
+        return newest_ops(self.root, self.limit, self.kinds, reader=self.reader)
 
     def poll(self) -> bool:
         """Read what changed since the last poll; tell whether there is anything to redraw.
@@ -197,7 +205,7 @@ class RunWatch:
                 continue
             tailer = self._tailers.get(op)
             if tailer is None:
-                tailer = self._tailers[op] = JournalTailer(self.root, op)
+                tailer = self._tailers[op] = JournalTailer(self.root, op, reader=self.reader)
                 changed.append(op)
             if tailer.poll():
                 changed.append(op)

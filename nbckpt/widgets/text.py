@@ -155,11 +155,18 @@ class TextProgress:
 class _Following:
     """tqdm bars kept up to date from a journal by a polling thread, until closed."""
 
-    def __init__(self, root: str | os.PathLike[str], op: str, file: IO[str] | None) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        op: str,
+        file: IO[str] | None,
+        *,
+        reader: reads.Reader = reads.LOCAL,
+    ) -> None:
         from nbckpt.widgets.live import LiveUpdater
 
         self._bars = TextProgress(file)
-        self._tailer = JournalTailer(root, op)
+        self._tailer = JournalTailer(root, op, reader=reader)
         self._updater = LiveUpdater(self._tailer, self._bars.update, loop=None).start()
 
     def close(self) -> None:
@@ -200,6 +207,8 @@ class FollowNew:
     settle_s
         After a failure, how long the journal may stay silent before the operation is
         left as it is (see :class:`~nbckpt.widgets.live.LiveUpdater`).
+    reader
+        Where the journal is read (a cluster's ``reader`` when only its hosts see it).
     """
 
     def __init__(
@@ -210,11 +219,13 @@ class FollowNew:
         file: IO[str] | None = None,
         interval_s: float = 0.25,
         settle_s: float = 60.0,
+        reader: reads.Reader = reads.LOCAL,
     ) -> None:
         self.root, self.kind, self.file, self.interval_s = root, kind, file, interval_s
         self.settle_s = settle_s
+        self.reader = reader
         self.followed: list[str] = []
-        self._seen = set(reads.run(reads.LIST_OPERATIONS, root))
+        self._seen = set(reads.routed(reader).run(reads.LIST_OPERATIONS, root))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="nbckpt-follow", daemon=True)
 
@@ -227,10 +238,10 @@ class FollowNew:
         self._thread.join(30)
 
     def _next(self) -> JournalTailer | None:
-        for op in reads.run(reads.LIST_OPERATIONS, self.root):
+        for op in reads.routed(self.reader).run(reads.LIST_OPERATIONS, self.root):
             if op not in self._seen:
                 self._seen.add(op)
-                tailer = JournalTailer(self.root, op)
+                tailer = JournalTailer(self.root, op, reader=self.reader)
                 tailer.poll()
                 if tailer.record().kind == self.kind:
                     return tailer

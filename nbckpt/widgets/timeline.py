@@ -41,12 +41,16 @@ _LEGEND_ORDER: tuple[str, ...] = (Phase.SNAPSHOT, Phase.READ, Phase.WRITE, _BARR
 _BLOCKING: set[str] = {Phase.SNAPSHOT}  # what ``save`` waits for before it returns
 
 
-def _load(source: OperationRecord | str | os.PathLike[str], op: str | None) -> OperationRecord:
+def _load(
+    source: OperationRecord | str | os.PathLike[str],
+    op: str | None,
+    reader: reads.Reader = reads.LOCAL,
+) -> OperationRecord:
     if isinstance(source, OperationRecord):
         return source
     if op is None:
         raise ValueError("plot_timeline(root, op): name the operation when passing a root")
-    record: OperationRecord = reads.run(reads.READ_OPERATION, source, op)
+    record: OperationRecord = reads.routed(reader).run(reads.READ_OPERATION, source, op)
     return record
 
 
@@ -237,6 +241,7 @@ def plot_timeline(
     save: str | os.PathLike[str] | None = None,
     dpi: int = 110,
     theme: Literal["auto", "light", "dark"] = "auto",
+    reader: reads.Reader = reads.LOCAL,
 ) -> Figure:
     """Draw one operation per process: phases, barrier waits and releases, failures.
 
@@ -251,6 +256,9 @@ def plot_timeline(
         If given, also write the figure there as PNG.
     dpi
         Resolution of the saved PNG.
+    reader
+        Where a root's journal is read (a cluster's ``reader`` when only its hosts
+        see it).
     theme
         ``"light"``: a white figure with dark text. ``"dark"``: a transparent figure
         with light text, in JupyterLab Dark's colours. ``"auto"`` (the default): the
@@ -274,7 +282,7 @@ def plot_timeline(
     saving uses Agg.
     """
     pal = palette(_resolve(theme))
-    record = _load(source, op)
+    record = _load(source, op, reader)
     t0 = record.start or 0.0
     times = [float(e["t"]) for r in record.processes.values() for e in r.events if "t" in e]
     t_end = max(times) if times else t0
@@ -342,6 +350,7 @@ def plot_timelines(
     save: str | os.PathLike[str] | None = None,
     dpi: int = 110,
     theme: Literal["auto", "light", "dark"] = "auto",
+    reader: reads.Reader = reads.LOCAL,
 ) -> Figure:
     """Draw several operations on one time axis: a row per process, each save in place.
 
@@ -355,7 +364,7 @@ def plot_timelines(
         names the operations).
     ops
         The operation ids, when ``source`` is a root.
-    save, dpi, theme
+    save, dpi, theme, reader
         As for :func:`plot_timeline`.
 
     Returns
@@ -371,7 +380,7 @@ def plot_timelines(
     else:
         if not ops:
             raise ValueError("plot_timelines(root, ops): name the operations when passing a root")
-        records = [_load(source, op) for op in ops]
+        records = [_load(source, op, reader) for op in ops]
     if not records:
         raise ValueError("plot_timelines: no operation to draw")
     pal = palette(_resolve(theme))
