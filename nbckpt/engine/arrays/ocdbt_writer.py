@@ -35,7 +35,7 @@ from nbckpt import storage
 from nbckpt.engine.arrays.tree import path_str
 from nbckpt.engine.save.snapshot import Snapshot
 from nbckpt.engine.save.writer import array_leaves, write_shards
-from nbckpt.errors import NbckptError
+from nbckpt.errors import CheckpointDataError
 from nbckpt.formats.orbax_names import OCDBT_PROCESS_PREFIX
 from nbckpt.formats.orbax_write import ORBAX_ARRAYS, OrbaxFlags, orbax_param_name
 from nbckpt.protocol import ORBAX_FORMAT, SaveFormat
@@ -244,7 +244,7 @@ class OcdbtZarr3Arrays:
             elif chunks != _chunk_count(leaf):
                 problems.append(f"leaf {where}: {chunks} of {_chunk_count(leaf)} chunks")
         if problems:
-            raise NbckptError(
+            raise CheckpointDataError(
                 "the merged OCDBT database lacks what the processes wrote: "
                 + "; ".join(problems[:5])
                 + (f" (and {len(problems) - 5} more)" if len(problems) > 5 else "")

@@ -40,7 +40,7 @@ from nbckpt.engine.restore.step import (
     default_sharding,
     target_parts,
 )
-from nbckpt.errors import CorruptCheckpointError, NbckptError
+from nbckpt.errors import CheckpointDataError, CorruptCheckpointError
 from nbckpt.formats import orbax as _orbax
 from nbckpt.journal import JournalWriter
 from nbckpt.protocol import Event
@@ -151,14 +151,14 @@ def restore_orbax_step(
         Orbax's records cannot be read, an array is missing, or a chunk is missing
         (where every chunk was stored) or cannot be decoded. Damage that still decodes
         cannot be detected: Orbax records no checksums.
-    NbckptError
+    CheckpointDataError
         The directory is not a complete Orbax step.
     """
     step = _orbax.describe(directory)
     if step is None:
-        raise NbckptError(f"{directory}: {_orbax.describe_unknown(directory)}")
+        raise CheckpointDataError(f"{directory}: {_orbax.describe_unknown(directory)}")
     if step.state == "incomplete":
-        raise NbckptError(f"{directory}: {step.reason}; nothing was restored")
+        raise CheckpointDataError(f"{directory}: {step.reason}; nothing was restored")
     chosen = step.item(item)
     if chosen.tree is None:
         raise CorruptCheckpointError(str(chosen.directory), chosen.problem or "no tree metadata")

@@ -42,7 +42,7 @@ from nbckpt.engine.restore.exchange import (
 )
 from nbckpt.engine.restore.reads import LeafRead, aligned_empty, read_all
 from nbckpt.engine.restore.sources import source_for
-from nbckpt.errors import CorruptCheckpointError, NbckptError
+from nbckpt.errors import CheckpointDataError, CorruptCheckpointError
 from nbckpt.formats import checksum as _checksum
 from nbckpt.formats.layout import CHECKSUMS_DIR, metadata_path, read_metadata, step_format
 from nbckpt.journal import JournalWriter
@@ -277,7 +277,7 @@ def restore_step(
         )
     meta = read_metadata(directory)
     if meta is None:
-        raise NbckptError(f"cannot read {metadata_path(directory)}; run fsck on the root")
+        raise CheckpointDataError(f"cannot read {metadata_path(directory)}; run fsck on the root")
     source = source_for(directory, meta)
     by_name = {m["name"]: m for m in meta["leaves"]}
     recorded = _recorded(directory) if verify else None
