@@ -47,10 +47,6 @@ decide the same way.
 
 from __future__ import annotations
 
-import ast
-import base64
-import binascii
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -60,14 +56,24 @@ from typing import Any, Literal
 from nbckpt import storage
 from nbckpt.errors import StorageError
 from nbckpt.formats.orbax_names import (
-    ARRAY_METADATAS_DIR,
     CHECKPOINT_METADATA,
     COMMIT_SUCCESS,
-    OCDBT_MANIFEST,
-    SHARDING,
-    STRINGS,
     TMP_SUFFIX,
     TREE_METADATA,
+)
+from nbckpt.formats.orbax_tree import (
+    ARRAY_TYPES,
+    OrbaxFormatError,
+    OrbaxLeaf,
+    PathEntry,
+    TreeMetadata,
+    Where,
+    leaf_name,
+    process_count,
+    read_shardings,
+    read_strings,
+    read_tree_metadata,
+    tree_leaves,
 )
 
 __all__ = [
@@ -95,31 +101,14 @@ __all__ = [
     "tree_leaves",
 ]
 
-#: A directory or file to read: a local path, a URL or a location.
-_Where = str | os.PathLike[str] | storage.Location
 
 #: What :func:`nbckpt.formats.layout.step_format` calls a directory Orbax wrote.
 KIND = "orbax"
-
-#: One step of a leaf's path, as :data:`nbckpt.engine.arrays.tree.PathEntry` (repeated here
-#: because that module needs jax).
-PathEntry = tuple[str, "str | int"]
 
 OrbaxState = Literal["complete", "incomplete", "corrupt"]
 #: ``"pytree"``: a tree of arrays nbckpt restores; ``"json"``: Orbax's JSON item;
 #: ``"other"``: any other handler's item (listed, never read).
 ItemKind = Literal["pytree", "json", "other"]
-
-#: The value types whose leaves are stored as arrays (a scalar is a 0-d array).
-ARRAY_TYPES = frozenset({"jax.Array", "np.ndarray", "scalar"})
-#: A leaf Orbax keeps in ``_strings.json``.
-_STRING_TYPE = "string"
-#: Empty nodes Orbax records as leaves with ``skip_deserialize`` (metadata/empty_values.py).
-_EMPTY_VALUES: dict[str, Any] = {"None": None, "Dict": {}, "List": [], "Tuple": []}
-
-#: Orbax's ``KeyType`` (metadata/tree.py): sequence keys, and dict (or attribute) keys.
-_SEQUENCE_KEY = 1
-_DICT_KEY = 2
 
 #: The first words of the commit file Orbax writes; nbckpt's holds an operation id.
 _COMMIT_TEXT = "Checkpoint commit was successful"
@@ -131,81 +120,6 @@ _STEP_METADATA_KEYS = frozenset(
 _TMP_NAME = re.compile(rf"^(?P<final>.+){re.escape(TMP_SUFFIX)}(?:-\d+)?$")
 #: How many names :func:`describe_unknown` shows.
 _SHOWN = 5
-
-
-class OrbaxFormatError(ValueError):
-    """Orbax's records in a directory cannot be read; the message names the file."""
-
-
-@dataclass(frozen=True)
-class OrbaxLeaf:
-    """One entry of a pytree item's tree metadata.
-
-    Attributes
-    ----------
-    name
-        The leaf's name as Orbax stores its array: its keys joined by ``.``.
-    path
-        The key path as nbckpt's path entries (``("key", k)``, ``("index", i)``).
-    value_type
-        Orbax's value type: ``"jax.Array"``, ``"np.ndarray"``, ``"scalar"``,
-        ``"string"``, an empty node (``"None"``, ``"Dict"``, ...) or a custom type.
-    write_shape
-        The shape of the pieces each process wrote, where recorded.
-    skip_deserialize
-        True for empty nodes, which have nothing on disk.
-    """
-
-    name: str
-    path: tuple[PathEntry, ...]
-    value_type: str
-    write_shape: tuple[int, ...] | None
-    skip_deserialize: bool
-
-    @property
-    def is_array(self) -> bool:
-        """Whether the leaf is an array on disk (scalars included)."""
-        return self.value_type in ARRAY_TYPES and not self.skip_deserialize
-
-    @property
-    def is_string(self) -> bool:
-        """Whether the leaf is a string kept in ``_strings.json``."""
-        return self.value_type == _STRING_TYPE and not self.skip_deserialize
-
-    @property
-    def is_empty(self) -> bool:
-        """Whether the leaf stands for an empty node (``None``, ``{}``, ``[]``)."""
-        return self.skip_deserialize or self.value_type in _EMPTY_VALUES
-
-    def empty_value(self) -> Any:
-        """The value an empty node restores to: ``None``, ``{}`` or ``[]`` (a fresh one)."""
-        value = _EMPTY_VALUES.get(self.value_type)
-        return type(value)() if value is not None else None
-
-
-@dataclass(frozen=True)
-class TreeMetadata:
-    """A pytree item's ``_METADATA``: its leaves and how their arrays are stored.
-
-    Attributes
-    ----------
-    leaves
-        Every entry, in the order of the file.
-    ocdbt
-        The arrays live in one OCDBT database at the item's top (else one zarr array
-        directory per leaf).
-    zarr3
-        The arrays are zarr v3 (else zarr v2).
-    store_equal_to_fill
-        Orbax's ``store_array_data_equal_to_fill_value``: every chunk was written, so
-        a missing one is damage. When False, a missing chunk cannot be told from a
-        chunk of fill values.
-    """
-
-    leaves: tuple[OrbaxLeaf, ...]
-    ocdbt: bool
-    zarr3: bool
-    store_equal_to_fill: bool
 
 
 @dataclass(frozen=True)
@@ -357,7 +271,7 @@ def tmp_target(name: str) -> str | None:
     return m.group("final") if m else None
 
 
-def read_checkpoint_metadata(path: _Where) -> dict[str, Any] | None:
+def read_checkpoint_metadata(path: Where) -> dict[str, Any] | None:
     """Return Orbax's ``_CHECKPOINT_METADATA`` of a directory, or None.
 
     None when the file is absent, unreadable, or not Orbax's (nbckpt's own steps saved
@@ -403,7 +317,7 @@ def _subdirs(path: storage.Location) -> list[storage.Location]:
         return []
 
 
-def recognise(path: _Where) -> bool:
+def recognise(path: Where) -> bool:
     """Tell whether Orbax wrote a directory, from the records in it.
 
     Any one of these is enough: Orbax's ``_CHECKPOINT_METADATA``; a ``_METADATA`` with
@@ -428,7 +342,7 @@ def recognise(path: _Where) -> bool:
     )
 
 
-def is_complete(path: _Where) -> bool:
+def is_complete(path: Where) -> bool:
     """Tell whether an Orbax directory is complete, by the rule of this module.
 
     Parameters
@@ -454,137 +368,6 @@ def _committed(p: storage.Location, meta: dict[str, Any] | None) -> bool:
     if (p / COMMIT_SUCCESS).is_file():
         return True
     return meta is not None and isinstance(meta.get("commit_timestamp_nsecs"), int)
-
-
-def leaf_name(keys: list[str] | tuple[str, ...]) -> str:
-    """Return the name Orbax gives a leaf's array: its keys joined by ``.``."""
-    return ".".join(keys)
-
-
-def _key_path(
-    where: storage.Location, tuple_key: str, entry: dict[str, Any]
-) -> tuple[PathEntry, ...]:
-    """Return the key path of one tree-metadata entry as nbckpt path entries."""
-    key_meta = entry.get("key_metadata")
-    if key_meta is None:
-        # Tree metadata older than key types: only the tuple of key strings.
-        try:
-            keys = ast.literal_eval(tuple_key)
-        except (ValueError, SyntaxError):
-            raise OrbaxFormatError(f"{where}: cannot read the leaf key {tuple_key!r}") from None
-        if not isinstance(keys, tuple):
-            keys = (keys,)
-        return tuple(("key", str(k)) for k in keys)
-    path: list[PathEntry] = []
-    for k in key_meta:
-        if not isinstance(k, dict) or "key" not in k:
-            raise OrbaxFormatError(f"{where}: leaf {tuple_key}: malformed key_metadata {k!r}")
-        key, key_type = str(k["key"]), k.get("key_type")
-        if key_type == _SEQUENCE_KEY:
-            try:
-                path.append(("index", int(key)))
-            except ValueError:
-                raise OrbaxFormatError(
-                    f"{where}: leaf {tuple_key}: sequence key {key!r} is not an integer"
-                ) from None
-        elif key_type == _DICT_KEY:
-            path.append(("key", key))
-        else:
-            raise OrbaxFormatError(f"{where}: leaf {tuple_key}: unknown key_type {key_type!r}")
-    return tuple(path)
-
-
-def read_tree_metadata(item_dir: _Where) -> TreeMetadata:
-    """Read a pytree item's ``_METADATA``.
-
-    Parameters
-    ----------
-    item_dir
-        The pytree's directory (a ``StandardCheckpointer`` save, or a manager item).
-
-    Raises
-    ------
-    OrbaxFormatError
-        The file is missing, is not JSON, or an entry is malformed.
-    """
-    d = storage.location(item_dir)
-    where = d / TREE_METADATA
-    data = storage.read_json(where)
-    if not isinstance(data, dict) or not isinstance(data.get("tree_metadata"), dict):
-        raise OrbaxFormatError(f"{where} is missing or is not Orbax tree metadata")
-    leaves = []
-    for tuple_key, entry in data["tree_metadata"].items():
-        if not isinstance(entry, dict):
-            raise OrbaxFormatError(f"{where}: leaf {tuple_key}: malformed entry")
-        path = _key_path(where, tuple_key, entry)
-        value = entry.get("value_metadata")
-        if not isinstance(value, dict) or not isinstance(value.get("value_type"), str):
-            raise OrbaxFormatError(f"{where}: leaf {tuple_key}: no value_type")
-        shape = value.get("write_shape")
-        leaves.append(
-            OrbaxLeaf(
-                name=leaf_name([str(v) for _, v in path]),
-                path=path,
-                value_type=value["value_type"],
-                write_shape=tuple(int(s) for s in shape) if isinstance(shape, list) else None,
-                skip_deserialize=bool(value.get("skip_deserialize", False)),
-            )
-        )
-    use_ocdbt = data.get("use_ocdbt")
-    return TreeMetadata(
-        leaves=tuple(leaves),
-        # Tree metadata from before the flag was recorded: the manifest tells.
-        ocdbt=bool(use_ocdbt) if use_ocdbt is not None else (d / OCDBT_MANIFEST).is_file(),
-        zarr3=bool(data.get("use_zarr3", False)),
-        # Orbax has stored every chunk since the flag was introduced; older trees
-        # cannot promise it.
-        store_equal_to_fill=bool(data.get("store_array_data_equal_to_fill_value", False)),
-    )
-
-
-def tree_leaves(item_dir: _Where) -> list[OrbaxLeaf]:
-    """Return the leaves of a pytree item's tree metadata (see :func:`read_tree_metadata`)."""
-    return list(read_tree_metadata(item_dir).leaves)
-
-
-def read_shardings(item_dir: _Where) -> dict[str, dict[str, Any]]:
-    """Return the saved sharding of each jax.Array leaf, by the leaf's dotted name.
-
-    ``_sharding`` maps the URL-safe base64 of each name to a JSON string such as
-    ``{"sharding_type": "NamedSharding", "shape": [2, 2], "axis_names": [...],
-    "partition_spec": [...]}``. An absent or unreadable file, or entry, is left out.
-    """
-    data = storage.read_json(storage.location(item_dir) / SHARDING)
-    out: dict[str, dict[str, Any]] = {}
-    if not isinstance(data, dict):
-        return out
-    for key, text in data.items():
-        try:
-            name = base64.urlsafe_b64decode(str(key)).decode("utf-8")
-            desc = json.loads(text) if isinstance(text, str) else text
-        except (binascii.Error, UnicodeDecodeError, ValueError):
-            continue
-        if isinstance(desc, dict):
-            out[name] = desc
-    return out
-
-
-def read_strings(item_dir: _Where) -> dict[str, str]:
-    """Return the string leaves of a pytree item, by dotted name (empty if it has none)."""
-    data = storage.read_json(storage.location(item_dir) / STRINGS)
-    if not isinstance(data, dict):
-        return {}
-    return {str(k): v for k, v in data.items() if isinstance(v, str)}
-
-
-def _process_count(item_dir: storage.Location) -> int | None:
-    try:
-        names = [p.name for p in (item_dir / ARRAY_METADATAS_DIR).iterdir()]
-    except StorageError:
-        raise
-    except OSError:
-        return None
-    return sum(1 for n in names if n.startswith("process_")) or None
 
 
 def _item(name: str | None, directory: storage.Location, handler: str | None) -> OrbaxItem:
@@ -631,7 +414,7 @@ def _summary(items: list[OrbaxItem]) -> str:
     return "; ".join(parts)
 
 
-def describe(step_dir: _Where) -> OrbaxStep | None:
+def describe(step_dir: Where) -> OrbaxStep | None:
     """Describe an Orbax step or pytree directory; None if Orbax did not write it.
 
     Returns
@@ -648,7 +431,7 @@ def describe(step_dir: _Where) -> OrbaxStep | None:
     when = stamp / 1e9 if isinstance(stamp, int) else None
     items = _items(p, meta)
     first_tree = next((i for i in items if i.tree is not None), None)
-    count = _process_count(first_tree.directory) if first_tree is not None else None
+    count = process_count(first_tree.directory) if first_tree is not None else None
     if is_tmp_name(p.name):
         state: OrbaxState = "incomplete"
         reason = "an Orbax save's temporary directory (in progress, or abandoned)"
@@ -673,7 +456,7 @@ def describe(step_dir: _Where) -> OrbaxStep | None:
     )
 
 
-def describe_unknown(path: _Where) -> str:
+def describe_unknown(path: Where) -> str:
     """Say in one line what a directory that is no step holds.
 
     Returns

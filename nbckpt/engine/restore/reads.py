@@ -217,31 +217,6 @@ class LeafRead:
             f"leaf {self.where} ({self.name}): {detail}" + (f"; {note}" if note else ""),
         )
 
-    def _read_failed(self, e: Exception, box: Box) -> Exception:
-        """Turn a tensorstore error that means damage into CorruptCheckpointError."""
-        text = str(e)
-        if not text.startswith(_DAMAGE):
-            return e
-        m = _CHUNK_IN_ERROR.search(text)
-        key: str | None = None
-        if m is not None:
-            key = ".".join(p.strip() for p in m.group(1).split(",")) if m.group(1) else "0"
-            what = f"chunk {key}"
-        elif (f := _FILE_IN_ERROR.search(text)) is not None:
-            key = f.group(1)
-            what = f"chunk {key}"
-        else:
-            regions = chunk_regions(self._slices(box), self.shape, self.chunks)
-            keys = [chunk_key(g, self.chunks) for g, _ in itertools.islice(regions, 5)]
-            what = "one of chunks " + ", ".join(keys[:4]) + (", ..." if len(keys) > 4 else "")
-        if "is missing" in text:
-            return self._damaged(f"{what} is missing (its file was deleted?)", key)
-        return self._damaged(f"{what} cannot be read ({text})", key)
-
-    @staticmethod
-    def _slices(box: Box) -> tuple[slice, ...]:
-        return tuple(slice(a, b) for a, b in box)
-
     def _box(self, want: Box) -> Box:
         """The box read for a device that needs ``want``: whole chunks where they are checked."""
         return want if self.recorded is None else _chunk_box(want, self.shape, self.chunks)
@@ -289,7 +264,7 @@ class LeafRead:
                 read = _Read(self, box, buf, share=share)
             if read.region is None or read.buf.size:
                 dst = ts.array(read.buf, copy=False, write=True)
-                read.future = dst.write(store[self._slices(read.box)])
+                read.future = dst.write(store[_slices(read.box)])
             else:  # an empty slab: the other holders read the whole region
                 read.future = Future()
                 read.future.set_result(None)
@@ -338,7 +313,7 @@ class LeafRead:
             rank, holders = read.share
             mine = slab_rows(self._rows(read.box), holders, rank)
             first, step = read.box[0][0], max(1, self.chunks[0])
-        regions = chunk_regions(self._slices(read.box), self.shape, self.chunks)
+        regions = chunk_regions(_slices(read.box), self.shape, self.chunks)
         for glob, local in regions:
             if mine is not None and (glob[0].start - first) // step not in mine:
                 continue  # another process that read this region checks that chunk
@@ -363,7 +338,7 @@ class LeafRead:
         try:
             read.future.result()
         except ValueError as e:
-            raise self._read_failed(e, read.box) from None
+            raise _read_failed(self, e, read.box) from None
         self._verify(read)
 
     def place(self, read: _Read) -> None:
@@ -395,9 +370,9 @@ class LeafRead:
                 host = aligned_empty(read.region.shape, read.region.dtype)
                 try:
                     dst = ts.array(host, copy=False, write=True)
-                    dst.write(store[self._slices(read.whole)]).result()
+                    dst.write(store[_slices(read.whole)]).result()
                 except ValueError as e:
-                    raise self._read_failed(e, read.whole) from None
+                    raise _read_failed(self, e, read.whole) from None
                 self.nbytes += host.nbytes
             read.region.close()
             self._place(read.whole, host)
@@ -443,6 +418,32 @@ class LeafRead:
             # A typed PRNG key, stored as its key data.
             return jax.random.wrap_key_data(value, impl=meta["key_impl"])
         return value
+
+
+def _read_failed(leaf: LeafRead, e: Exception, box: Box) -> Exception:
+    """Turn a tensorstore error that means damage to ``leaf`` into CorruptCheckpointError."""
+    text = str(e)
+    if not text.startswith(_DAMAGE):
+        return e
+    m = _CHUNK_IN_ERROR.search(text)
+    key: str | None = None
+    if m is not None:
+        key = ".".join(p.strip() for p in m.group(1).split(",")) if m.group(1) else "0"
+        what = f"chunk {key}"
+    elif (f := _FILE_IN_ERROR.search(text)) is not None:
+        key = f.group(1)
+        what = f"chunk {key}"
+    else:
+        regions = chunk_regions(_slices(box), leaf.shape, leaf.chunks)
+        keys = [chunk_key(g, leaf.chunks) for g, _ in itertools.islice(regions, 5)]
+        what = "one of chunks " + ", ".join(keys[:4]) + (", ..." if len(keys) > 4 else "")
+    if "is missing" in text:
+        return leaf._damaged(f"{what} is missing (its file was deleted?)", key)
+    return leaf._damaged(f"{what} cannot be read ({text})", key)
+
+
+def _slices(box: Box) -> tuple[slice, ...]:
+    return tuple(slice(a, b) for a, b in box)
 
 
 def read_all(leaves: list[LeafRead], progress: Callable[[int, int], None] | None = None) -> None:
