@@ -130,7 +130,16 @@ def test_old_import_paths_still_work_for_one_release():
     assert nbckpt.cluster.JaxCluster is nbckpt.session.JaxCluster
     assert nbckpt.client.CheckpointClient is nbckpt.session.CheckpointClient
     assert nbckpt.engine.AsyncCheckpointer.__module__ == "nbckpt.engine.checkpointer"
-    assert set(nbckpt.session.__all__) == {"CheckpointClient", "JaxCluster", "SaveHandle"}
+    # The session is the magics' one door into nbckpt: it also names where a root lives
+    # and the retention policy, which the magics parse.
+    assert set(nbckpt.session.__all__) == {
+        "CheckpointClient",
+        "JaxCluster",
+        "RetentionPolicy",
+        "SaveHandle",
+        "check_metrics",
+        "location",
+    }
 
 
 def test_async_checkpointer_public_methods_are_pinned(tmp_path):

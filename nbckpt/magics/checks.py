@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from nbckpt.formats.retention import check_metrics
+from nbckpt.session import check_metrics
 
 __all__ = ["metrics", "repeated_option"]
 

@@ -18,8 +18,8 @@ from typing import Any
 
 from IPython.core.error import UsageError
 
-from nbckpt import storage
 from nbckpt.magics import args as a
+from nbckpt.session import location
 from nbckpt.session.cluster import JaxCluster, which_cluster
 
 __all__ = ["check_start_root", "guard_px", "hosts_text", "start_cluster", "status_text"]
@@ -65,7 +65,7 @@ def check_start_root(directory: str | None, engines: str) -> str | None:
     if directory is None:
         return None
     try:
-        root = storage.location(directory)
+        root = location(directory)
     except ValueError as e:  # a URL nbckpt cannot store at, or an empty path
         raise UsageError(f"{e}; no cluster was started") from None
     if isinstance(root, Path) and engines == "local":

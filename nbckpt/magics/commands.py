@@ -10,57 +10,30 @@ shows the traceback of the last one.
 
 from __future__ import annotations
 
-import os
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.magic import line_magic, magics_class
 
-from nbckpt import storage
-from nbckpt.errors import NbckptError, RenameUnavailableError, StorageError, StorageURLError
 from nbckpt.magics import args as a
 from nbckpt.magics import errors as _magic_errors
+from nbckpt.magics.base import NO_CLUSTER, usage_errors
 from nbckpt.magics.cluster import (
     check_start_root,
     guard_px,
     hosts_text,
     start_cluster,
-    status_text,
 )
+from nbckpt.magics.inspection import LINE_MAGICS, InspectionMagics
 from nbckpt.magics.rollback import ROLLBACK, parse_rollback_args
-from nbckpt.session import reads
-from nbckpt.session.client import CheckpointClient, SaveHandle, resolve_operation
-from nbckpt.session.cluster import JaxCluster
-from nbckpt.widgets._registry import LiveViews
+from nbckpt.session.client import CheckpointClient, SaveHandle
 
 __all__ = ["NbckptMagics", "get_client", "load_ipython_extension"]
 
-_NO_CLUSTER = "no nbckpt cluster yet: start one with %ckpt_cluster start -n 4 --dir DIR"
-
-
-@contextmanager
-def _usage_errors() -> Iterator[None]:
-    """Turn the client's one-line ValueError about a value into a UsageError.
-
-    nbckpt's own errors that are ValueErrors too (a corrupt checkpoint) are not the
-    user's typing and raise as they are.
-    """
-    try:
-        yield
-    except ValueError as e:
-        # A root URL nbckpt cannot use is the user's typing too.
-        if isinstance(e, StorageURLError | RenameUnavailableError):
-            raise UsageError(str(e)) from None
-        if isinstance(e, NbckptError):
-            raise
-        raise UsageError(str(e)) from None
-
 
 @magics_class
-class NbckptMagics(Magics):
+class NbckptMagics(InspectionMagics):
     """The ``%ckpt_*`` magics. One cluster and one client per IPython session.
 
     Attributes
@@ -70,29 +43,6 @@ class NbckptMagics(Magics):
     views
         The live views the magics showed, by operation id or barrier key.
     """
-
-    def __init__(self, shell: Any) -> None:
-        super().__init__(shell)
-        self.cluster: JaxCluster | None = None
-        self.client: CheckpointClient | None = None
-        self.views = LiveViews(shell)
-
-    def _client(self) -> CheckpointClient:
-        if self.client is None:
-            raise UsageError(_NO_CLUSTER)
-        return self.client
-
-    def _root(self, directory: str | None, magic: str) -> str:
-        """The root a magic reads: DIR, else the cluster's --dir (no cluster needed)."""
-        if self.client is not None:
-            with _usage_errors():
-                return self.client.root(directory)
-        if directory is None:
-            raise UsageError(
-                f"%{magic} needs a directory: %{magic} DIR, or start the cluster with --dir"
-            )
-        with _usage_errors():
-            return str(storage.location(directory))
 
     # -- cluster ---------------------------------------------------------------------
 
@@ -113,7 +63,7 @@ class NbckptMagics(Magics):
             self._start(args)
             return
         if self.cluster is None:
-            raise UsageError(_NO_CLUSTER)
+            raise UsageError(NO_CLUSTER)
         if args.action == "stop":
             seconds = self.cluster.stop()
             self.cluster = self.client = None
@@ -181,7 +131,7 @@ class NbckptMagics(Magics):
         """
         args = a.parse_save_args(line)
         client = self._client()
-        with _usage_errors():
+        with usage_errors():
             handle = client.save(
                 args.var,
                 args.step,
@@ -232,7 +182,7 @@ class NbckptMagics(Magics):
         key = uuid.uuid4().hex[:16]  # the caller picks the key, to follow the journal
         journaled = self.views.follow_barrier(client.directory, args.name, key)
         try:
-            with _usage_errors():
+            with usage_errors():
                 report = client.barrier(
                     args.name, timeout_s=args.timeout_s, processes=args.processes, key=key
                 )
@@ -255,7 +205,7 @@ class NbckptMagics(Magics):
         """
         args = a.parse_restore_args(line)
         client = self._client()
-        with _usage_errors():
+        with usage_errors():
             infos = client.restore(
                 args.var,
                 args.step,
@@ -267,39 +217,6 @@ class NbckptMagics(Magics):
             f"restored step {infos[0]['step']} into {args.var!r} on {len(infos)} processes "
             f"({max(i['seconds'] for i in infos):.2f} s)"
         )
-
-    @a.STATUS
-    @line_magic
-    def ckpt_status(self, line: str) -> None:
-        """Show the cluster's processes and the saves this notebook started.
-
-        A dead process is named, with how to go on (``%ckpt_cluster restart``). With OP
-        or --dir, shows one operation instead, as ``%ckpt_show`` does.
-        """
-        args = a.parse_status_args(line)
-        if args is not None:
-            self._show(args.op, args.directory)
-            return
-        print(status_text(self._client().status()))
-
-    @a.LS
-    @line_magic
-    def ckpt_ls(self, line: str) -> None:
-        """List the steps in DIR (default: the cluster's --dir): state, format, path, why.
-
-        The format says who wrote a step: ``nbckpt``, or ``orbax`` (an Orbax
-        checkpoint, which nbckpt reads and restores but never changes or deletes).
-        """
-        root = self._root(a.parse_ls_args(line).directory, "ckpt_ls")
-        try:
-            rows = reads.run(reads.LIST_STEPS, root)
-        except (FileNotFoundError, StorageError) as e:  # one line, no traceback
-            raise UsageError(str(e)) from None
-        if not rows:
-            print(f"no steps in {root}")
-        for r in rows:
-            kind = r.get("format") or "-"
-            print(f"{r['step']:>8}  {r['state']:<11}  {kind:<6}  {r['path']}  ({r['reason']})")
 
     @a.FAULT
     @line_magic
@@ -314,7 +231,7 @@ class NbckptMagics(Magics):
         """
         args = a.parse_fault_args(line)
         client = self._client()
-        with _usage_errors():
+        with usage_errors():
             armed = client.fault(
                 args.action, args.process, at=args.at, seconds=args.seconds, factor=args.factor
             )
@@ -338,7 +255,7 @@ class NbckptMagics(Magics):
         """
         args = a.parse_retention_args(line)
         client = self._client()
-        with _usage_errors():
+        with usage_errors():
             res = client.retention(args.policy, directory=args.directory)
         print(f"{res['root']}: {res['text']}")
 
@@ -353,109 +270,15 @@ class NbckptMagics(Magics):
         crash-safely; Orbax steps and foreign folders are left alone.
         """
         args = parse_rollback_args(line)
-        with _usage_errors():
+        with usage_errors():
             removed = self._client().rollback(args.step, directory=args.directory)
         gone = ", ".join(str(s) for s in removed) if removed else "nothing"
         print(f"rolled back to step {args.step}: removed {gone}")
 
-    @a.FSCK
-    @line_magic
-    def ckpt_fsck(self, line: str) -> None:
-        """Check a checkpoint directory: complete, in progress, abandoned, corrupt.
 
-        ``--clean`` removes abandoned entries and never a complete step; ``--verify``
-        recomputes every chunk's checksum recorded at save time. An unfinished save is
-        abandoned once silent for ``--stale-after`` seconds (600); give 0 to clear the
-        claim of a job you know is dead.
-        """
-        args = a.parse_fsck_args(line)
-        root = self._root(args.directory, "ckpt_fsck")
-        try:
-            stale = {} if args.stale_after_s is None else {"stale_after_s": args.stale_after_s}
-            report = reads.run(reads.FSCK, root, clean=args.clean, verify=args.verify, **stale)
-        except (FileNotFoundError, StorageError) as e:  # one line, no traceback
-            raise UsageError(str(e)) from None
-        print(report.table())
-
-    # -- one operation, from its journal -----------------------------------------------
-
-    def _operation(self, op: str | None, directory: str | None) -> tuple[str, str]:
-        with _usage_errors():
-            return resolve_operation(op, directory, self.client)
-
-    def _show(self, op: str | None, directory: str | None) -> None:
-        text = self.views.show(*self._operation(op, directory))
-        if text is not None:
-            print(text)
-
-    @a.SHOW
-    @line_magic
-    def ckpt_show(self, line: str) -> None:
-        """Show one operation's per-process progress, rebuilt from its journal.
-
-        The journal is the source of truth, so this works after a kernel restart
-        (pass --dir then). A running operation keeps updating by itself. Without
-        widgets, prints one text progress line per process.
-        """
-        args = a.parse_show_args(line)
-        self._show(args.op, args.directory)
-
-    @a.WATCH
-    @line_magic
-    def ckpt_watch(self, line: str) -> None:
-        """Watch every save the engines make under a root: one row per save, newest first.
-
-        For a training loop that saves through the engine API inside ``%%px
-        --noblock``: the table follows the journal by itself until ``%ckpt_watch
-        --stop`` (a new ``%ckpt_watch`` replaces the one before). Each row: step, start,
-        state (the phase while it runs), bytes written, the blocking snapshot, how long
-        it took, its processes by status, and the failure that caused a failed save.
-        Without widgets, prints the table once.
-        """
-        args = a.parse_watch_args(line)
-        if args.stop:
-            if self.views.stop_watching():
-                print("stopped watching")
-            else:
-                print("nothing is being watched; %ckpt_watch [DIR] starts")
-            return
-        root = self._root(args.directory, "ckpt_watch")
-        text = self.views.watch_runs(root, args.last)
-        if text is not None:
-            print(text)
-
-    @a.TIMELINE
-    @line_magic
-    def ckpt_timeline(self, line: str) -> Any:
-        """Draw one operation as a matplotlib figure: a row per process, its phases.
-
-        Barrier waits are hatched with a line where each barrier released; the blocking
-        snapshot is shaded apart from the background write; a failed process's last
-        phase is outlined in red with its error. ``--last N`` draws the newest N saves
-        of the directory on one time axis instead, so what overlapped training shows.
-        Returns the figure.
-        """
-        from nbckpt.widgets.timeline import plot_timeline, plot_timelines
-
-        args = a.parse_timeline_args(line)
-        save = None if args.save is None else os.path.expanduser(args.save)
-        if args.last is not None:
-            root = self._root(args.directory, "ckpt_timeline")
-            from nbckpt.widgets.runs import newest_ops
-
-            ops = newest_ops(root, args.last)
-            if not ops:
-                raise UsageError(f"no save is journaled under {root}")
-            fig = plot_timelines(root, ops, save=save)
-            what = f"the last {len(ops)} saves"
-        else:
-            root, op = self._operation(args.op, args.directory)
-            fig = plot_timeline(root, op, save=save)
-            what = op
-        if save is not None:
-            print(f"timeline of {what} written to {os.path.abspath(save)}")
-        _show_figures_as_png(self.shell)
-        return fig
+# The inherited magics carry no @line_magic (it records into one registry that the next
+# @magics_class empties, whichever class that is): they are registered here by name.
+NbckptMagics.magics["line"].update({name: name for name in LINE_MAGICS})
 
 
 def get_client() -> CheckpointClient:
@@ -474,21 +297,9 @@ def get_client() -> CheckpointClient:
     shell = get_ipython()
     magics = shell.magics_manager.registry.get("NbckptMagics") if shell is not None else None
     if magics is None or magics.client is None:
-        raise UsageError(_NO_CLUSTER)
+        raise UsageError(NO_CLUSTER)
     client: CheckpointClient = magics.client
     return client
-
-
-def _show_figures_as_png(shell: Any) -> None:
-    """Let the shell display a returned matplotlib Figure (pyplot may never be imported)."""
-    from IPython.core.pylabtools import print_figure
-    from matplotlib.figure import Figure
-
-    formatter = shell.display_formatter.formatters["image/png"]
-    try:
-        formatter.lookup_by_type(Figure)
-    except KeyError:
-        formatter.for_type(Figure, lambda fig: print_figure(fig, "png", bbox_inches="tight"))
 
 
 def load_ipython_extension(ipython: Any) -> None:
