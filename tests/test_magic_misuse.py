@@ -117,8 +117,8 @@ def _check_result(magic: str, result: Any) -> None:
         assert (result.process is None) == (result.action in ("list", "clear"))
         assert result.process is None or 0 <= result.process < a.MAX_PROCESSES
     if isinstance(result, a.ClusterArgs):
-        assert 1 <= result.n <= a.MAX_PROCESSES
-        assert 1 <= result.devices_per_process <= a.MAX_PROCESSES
+        assert 1 <= result.options.n <= a.MAX_PROCESSES
+        assert 1 <= result.options.devices_per_process <= a.MAX_PROCESSES
     if isinstance(result, a.OpArgs | a.TimelineArgs):
         assert result.op is None or result.op.strip()
     if isinstance(result, a.WatchArgs):
@@ -561,13 +561,14 @@ def test_launcher_misuse_gives_usage_errors(line, message):
 
 def test_launcher_lines_parse_to_what_was_meant():
     ssh = a.parse_cluster_args("start --engines ssh --hosts h0,me@h1:2222,h0 --python /v/py")
-    assert ssh.n == 3 and ssh.hosts == ["h0", "me@h1:2222", "h0"] and ssh.python == "/v/py"
-    assert ssh.coordinator_host is None and ssh.controller_ip is None
-    assert a.parse_cluster_args("start --engines slurm -n 8").n == 8
-    assert a.parse_cluster_args("start").n == 4
+    assert ssh.options.n == 3 and ssh.options.python == "/v/py"
+    assert ssh.options.hosts == ("h0", "me@h1:2222", "h0")
+    assert ssh.options.coordinator_host is None and ssh.options.controller_ip is None
+    assert a.parse_cluster_args("start --engines slurm -n 8").options.n == 8
+    assert a.parse_cluster_args("start").options.n == 4
     assert a.parse_cluster_args("start").timeout_s == 120
     assert a.parse_cluster_args("attach --cluster-id '' --timeout 30").cluster_id == ""
-    assert a.parse_cluster_args("start --profile p").profile == "p"
+    assert a.parse_cluster_args("start --profile p").options.profile == "p"
 
 
 def test_attach_without_a_cluster_id_lists_the_ids_instead_of_picking_one(ip):
@@ -682,7 +683,7 @@ def test_good_lines_parse_to_what_was_meant():
     assert a.parse_fault_args("list").process is None
     assert a.parse_status_args("") is None
     assert a.parse_wait_args("  ") is None
-    assert a.parse_cluster_args("start -n 2 --devices-per-process 2").n == 2
+    assert a.parse_cluster_args("start -n 2 --devices-per-process 2").options.n == 2
 
 
 @pytest.mark.parametrize("magic", sorted(SPECS))

@@ -85,24 +85,14 @@ def start_cluster(args: a.ClusterArgs) -> JaxCluster:
     a failed start.
     """
     if args.action == "start":
-        return JaxCluster(
-            n=args.n,
-            devices_per_process=args.devices_per_process,
-            coordinator_host=args.coordinator_host,
-            engines=args.engines,
-            hosts=args.hosts,
-            controller_ip=args.controller_ip,
-            ssh_config=args.ssh_config,
-            python=args.python,
-            profile=args.profile,
-        ).start(timeout_s=args.timeout_s, report=print)
+        return JaxCluster(options=args.options).start(timeout_s=args.timeout_s, report=print)
     if args.cluster_id is None:  # never picked by default: it may be someone else's
-        raise UsageError(which_cluster(args.profile))
+        raise UsageError(which_cluster(args.options.profile))
     return JaxCluster.attach(
-        profile=args.profile,
+        profile=args.options.profile,
         cluster_id=args.cluster_id,
-        devices_per_process=args.devices_per_process,
-        coordinator_host=args.coordinator_host,
+        devices_per_process=args.options.devices_per_process,
+        coordinator_host=args.options.coordinator_host,
         timeout_s=args.timeout_s,
     )
 

@@ -90,7 +90,8 @@ class NbckptMagics(InspectionMagics):
             raise UsageError("a cluster is running already; %ckpt_cluster stop it first")
         # Checked before anything starts: a bad root must not leave processes behind.
         # Attached engines may run elsewhere: their root is theirs to check.
-        root = check_start_root(args.directory, args.engines if args.action == "start" else "")
+        engines = args.options.engines if args.action == "start" else ""
+        root = check_start_root(args.directory, engines)
         cluster = start_cluster(args)  # stops what it started if it fails
         try:
             client = CheckpointClient(cluster, root)

@@ -16,7 +16,7 @@ from nbckpt.magics.args.base import (
     timeout_arg,
     whole,
 )
-from nbckpt.session.cluster import LAUNCHERS
+from nbckpt.session.options import LAUNCHERS, ClusterOptions
 
 # -- the magics' arguments -----------------------------------------------------------
 
@@ -83,19 +83,19 @@ CLUSTER: Final = MagicArgs(
 
 @dataclass(frozen=True, kw_only=True)
 class ClusterArgs:
-    """``%ckpt_cluster``: the action and, for start / attach, how to build the cluster."""
+    """``%ckpt_cluster``: the action and, for start / attach, how to build the cluster.
+
+    Attributes
+    ----------
+    options
+        The cluster's options, the same object :class:`~nbckpt.session.JaxCluster`
+        takes; ``attach`` reads its ``profile``, ``devices_per_process`` and
+        ``coordinator_host``.
+    """
 
     action: str
-    n: int
-    devices_per_process: int
+    options: ClusterOptions
     directory: str | None
-    engines: str
-    hosts: list[str]
-    controller_ip: str | None
-    coordinator_host: str | None
-    ssh_config: str | None
-    python: str | None
-    profile: str | None
     cluster_id: str | None
     timeout_s: float
 
@@ -152,20 +152,27 @@ def parse_cluster_args(line: str) -> ClusterArgs:
         for path, flag in ((ns.ssh_config, "--ssh-config"), (ns.python, "--python")):
             if path is not None and (ns.engines != "ssh" or not path.strip()):
                 raise ValueError(f"{flag} needs a path, and is for --engines ssh")
-        return ClusterArgs(
-            action=ns.action,
+        # Checked in the order of the line's help, so a line with two mistakes names
+        # the same one first as before.
+        devices = whole(ns.devices_per_process, "--devices-per-process", low=1, high=MAX_PROCESSES)
+        root = directory(ns.dir)
+        controller_ip = _address(ns.controller_ip, "--controller-ip")
+        coordinator_host = _address(ns.coordinator_host, "--coordinator-host")
+        options = ClusterOptions(
             n=n if n is not None else len(hosts) or 4,
-            devices_per_process=whole(
-                ns.devices_per_process, "--devices-per-process", low=1, high=MAX_PROCESSES
-            ),
-            directory=directory(ns.dir),
+            devices_per_process=devices,
+            coordinator_host=coordinator_host,
+            profile=ns.profile,
             engines=ns.engines,
             hosts=hosts,
-            controller_ip=_address(ns.controller_ip, "--controller-ip"),
-            coordinator_host=_address(ns.coordinator_host, "--coordinator-host"),
+            controller_ip=controller_ip,
             ssh_config=None if ns.ssh_config is None else os.path.expanduser(ns.ssh_config),
             python=ns.python,
-            profile=ns.profile,
+        )
+        return ClusterArgs(
+            action=ns.action,
+            options=options,
+            directory=root,
             cluster_id=ns.cluster_id,
             timeout_s=seconds(ns.timeout, "--timeout"),
         )
