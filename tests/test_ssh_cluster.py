@@ -19,7 +19,6 @@ import pytest
 
 from nbckpt.errors import ClusterError
 from nbckpt.formats.layout import all_steps
-from nbckpt.session import reads
 from nbckpt.session.client import SaveFailedError
 from nbckpt.session.cluster import JaxCluster
 from tests.sshhosts import HOST_STORAGE, SSHHosts
@@ -230,4 +229,4 @@ def test_the_notebook_reads_what_only_the_hosts_see(ip, tmp_path, capsys):
             if magics.cluster is not None:
                 magics.cluster.stop()
                 magics.cluster = magics.client = None
-        assert not cluster.reader.remote and not reads.remote()
+        assert not cluster.reader.remote and cluster.relay is None

@@ -58,7 +58,7 @@ class MagicsBase(Magics):
         super().__init__(shell)
         self.cluster: JaxCluster | None = None
         self.client: CheckpointClient | None = None
-        self.views = LiveViews(shell)
+        self.views = LiveViews(shell, reader=self._reader)
 
     def _client(self) -> CheckpointClient:
         if self.client is None:

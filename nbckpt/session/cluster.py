@@ -319,6 +319,8 @@ class JaxCluster(Engines):
         asked = ask_relays(self.client, placed, self.controller_ip or "127.0.0.1")
         await_join(joining, timeout_s)
         self.timings["jax_init_s"] = time.perf_counter() - t0
+        if self.relay is not None:  # a restart's engines serve reads afresh
+            self.relay.close_connection()
         self.relay = use_relays(asked, self.engine_hosts, timeout_s)
 
     def restart(self, timeout_s: float = 120.0) -> JaxCluster:
@@ -387,9 +389,8 @@ class JaxCluster(Engines):
         stop_processes(self.cluster, self.client)
         self.cluster = None
         self.forget_engines()
-        from nbckpt.session import reads
-
-        reads.release(self.relay)
+        if self.relay is not None:
+            self.relay.close_connection()
         self.relay = None
         self.timings["stop_s"] = time.perf_counter() - t0
         return self.timings["stop_s"]

@@ -208,8 +208,8 @@ def ask_relays(client: Any, placement: Placement, toward: str) -> RelayRequest |
 def use_relays(asked: RelayRequest | None, hosts: list[str], timeout_s: float) -> Any:
     """Wait for the read services :func:`ask_relays` asked for; the ``Relay`` over them.
 
-    None if none was asked for. The notebook's reads go there until the cluster
-    releases it (``reads.release``).
+    None if none was asked for. The cluster keeps it, and its reader
+    (:attr:`JaxCluster.reader`) sends the notebook's reads there.
     """
     if asked is None:
         return None
@@ -220,6 +220,4 @@ def use_relays(asked: RelayRequest | None, hosts: list[str], timeout_s: float) -
     errors = failures(outcomes)
     if errors:
         raise errors_by_process("starting the read service", errors)
-    relay = reads.Relay([res for _ok, res in outcomes], key, hosts)
-    reads.use(relay)
-    return relay
+    return reads.Relay([res for _ok, res in outcomes], key, hosts)

@@ -1,12 +1,15 @@
 """Where the notebook reads checkpoint records: here, or on the hosts that see them.
 
 Every read the notebook makes of a checkpoint root (journals for the widgets and
-``SaveHandle``, ``%ckpt_ls``, ``%ckpt_fsck``, ``%ckpt_timeline``) goes through
-:func:`run`, by the read function's name. With a cluster on this machine it simply
-calls the function. With a cluster on other hosts, whose storage this machine may not
-mount, :class:`~nbckpt.session.cluster.JaxCluster` starts a read service on every engine
-(:mod:`nbckpt.engine.remote.relay`) and :func:`use` sends the reads there: to process 0's
-host, or the next process if that one does not answer.
+``SaveHandle``, ``%ckpt_ls``, ``%ckpt_fsck``, ``%ckpt_timeline``) goes through a
+:class:`Reader`, by the read function's name. With a cluster on this machine (and
+without one) it is :data:`LOCAL`, which simply calls the function. With a cluster on
+other hosts, whose storage this machine may not mount,
+:class:`~nbckpt.session.cluster.JaxCluster` starts a read service on every engine
+(:mod:`nbckpt.engine.remote.relay`), and its reader (``cluster.reader``, which the
+client, its handles, the widgets and the magics use) sends the reads there: to process
+0's host, or the next process if that one does not answer. Nothing is routed by a
+module global: a read goes where the reader it is given sends it.
 
 Nothing here imports jax.
 """
@@ -45,11 +48,6 @@ __all__ = [
     "LOCAL",
     "Reader",
     "Relay",
-    "release",
-    "remote",
-    "routed",
-    "run",
-    "use",
 ]
 
 
@@ -186,41 +184,3 @@ class Reader:
 
 LOCAL = Reader()
 """The reader that runs every read on this machine."""
-
-_relay: Relay | None = None
-
-
-def use(relay: Relay | None) -> None:
-    """Send reads to ``relay`` from now on; None reads here again."""
-    global _relay
-    if _relay is not None and _relay is not relay:
-        _relay.close_connection()
-    _relay = relay
-
-
-def release(relay: Relay | None) -> None:
-    """Read here again if reads went to ``relay`` (its cluster stopped)."""
-    if relay is not None and _relay is relay:
-        use(None)
-
-
-def remote() -> bool:
-    """Whether reads go to the hosts (a cluster on other hosts is attached)."""
-    return _relay is not None
-
-
-def routed(reader: Reader) -> Reader:
-    """``reader``, or the module-level route while callers still rely on :func:`use`.
-
-    A transition seam: once every caller passes its cluster's reader, this returns
-    ``reader`` alone and the global goes.
-    """
-    return reader if reader.remote or _relay is None else Reader(_relay)
-
-
-def run(ref: str, *args: Any, **kwargs: Any) -> Any:
-    """Call the read function ``module:function`` where the storage is seen."""
-    relay = _relay
-    if relay is not None:
-        return relay.call(ref, *args, **kwargs)
-    return _call_here(ref, *args, **kwargs)

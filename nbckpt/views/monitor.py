@@ -449,9 +449,7 @@ class JournalTailer:
     def poll(self) -> bool:
         """Read what was appended since the last poll; tell whether there was anything."""
         self.polled_at = time.time()
-        if (
-            self.reads.remote or reads.remote()
-        ):  # only the hosts see the journal: they read it whole
+        if self.reads.remote:  # only the hosts see the journal: they read it whole
             return self._poll_remote()
         if self._reader is None:
             folder = self._folder()
@@ -462,11 +460,8 @@ class JournalTailer:
             self._record = merge_events(self.op, self._reader.events if self._reader else {})
         return grew
 
-    def _where(self) -> reads.Reader:
-        return reads.routed(self.reads)
-
     def _poll_remote(self) -> bool:
-        record = self._where().run(reads.READ_MATCHING, self.root, self.op)
+        record = self.reads.run(reads.READ_MATCHING, self.root, self.op)
         if record is None:
             grew = False
             record = merge_events(self.op, {})

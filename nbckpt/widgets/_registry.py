@@ -9,9 +9,11 @@ tests look a view up by op id) and decides, from the shell, whether a view is a 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from nbckpt.protocol import barrier_op_glob
+from nbckpt.session.reads import LOCAL, Reader
 
 if TYPE_CHECKING:
     from nbckpt.widgets.progress import ProgressWidget
@@ -37,8 +39,10 @@ class LiveViews:
         views are text.
     """
 
-    def __init__(self, shell: Any) -> None:
+    def __init__(self, shell: Any, reader: Callable[[], Reader] = lambda: LOCAL) -> None:
         self._shell = shell
+        # Asked at each view: the session's cluster (and so its reader) comes and goes.
+        self._reader = reader
         self._views: dict[str, ProgressWidget] = {}
         #: The ``%ckpt_watch`` table, while it follows a root.
         self.runs: RunsView | None = None
@@ -69,8 +73,9 @@ class LiveViews:
         from nbckpt.widgets.text import follow_text
 
         in_kernel = self.in_kernel
-        self._views[op] = watch(root, op, display=in_kernel)
-        return follow_text(root, op) if text and not in_kernel else None
+        reader = self._reader()
+        self._views[op] = watch(root, op, display=in_kernel, reader=reader)
+        return follow_text(root, op, reader=reader) if text and not in_kernel else None
 
     def follow_barrier(self, root: str | None, name: str, key: str) -> bool:
         """In a notebook, follow a barrier's journal while it waits; tell whether it does.
@@ -82,7 +87,7 @@ class LiveViews:
             return False
         from nbckpt.widgets import watch
 
-        self._views[key] = watch(root, barrier_op_glob(key, name))
+        self._views[key] = watch(root, barrier_op_glob(key, name), reader=self._reader())
         return True
 
     def drop_unjournaled(self, key: str) -> None:
@@ -109,12 +114,12 @@ class LiveViews:
         if self.in_kernel:
             from nbckpt.widgets import watch
 
-            self._views[op] = watch(root, op)
+            self._views[op] = watch(root, op, reader=self._reader())
             return None
         from nbckpt.views.monitor import JournalTailer
         from nbckpt.widgets.text import render_text
 
-        return render_text(JournalTailer(root, op).view())
+        return render_text(JournalTailer(root, op, reader=self._reader()).view())
 
     def watch_runs(self, root: str | os.PathLike[str], limit: int) -> str | None:
         """Show every save under ``root`` live (replacing the watch before), or its text.
@@ -125,13 +130,13 @@ class LiveViews:
         if not self.in_kernel:
             from nbckpt.widgets.runs import RunWatch, runs_text
 
-            watch = RunWatch(root, limit=limit)
+            watch = RunWatch(root, limit=limit, reader=self._reader())
             watch.poll()
             return f"saves under {root}, newest first\n{runs_text(watch.rows())}"
         from nbckpt.widgets.runs import watch_runs
 
         self.stop_watching()
-        self.runs = watch_runs(root, limit=limit)
+        self.runs = watch_runs(root, limit=limit, reader=self._reader())
         return None
 
     def stop_watching(self) -> bool:

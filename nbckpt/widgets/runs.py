@@ -146,7 +146,7 @@ def newest_ops(
 
     Picked by id alone (ids begin with their start time and name their kind).
     """
-    listed: list[str] = reads.routed(reader).run(reads.LIST_OPERATIONS, root)
+    listed: list[str] = reader.run(reads.LIST_OPERATIONS, root)
     wanted = [op for op in listed if (p := parse_op_id(op)) is not None and p.kind in kinds]
     return wanted[-n:]
 
@@ -371,6 +371,7 @@ def watch_runs(
     limit: int = 20,
     interval_s: float = 0.5,
     display: bool = True,
+    reader: reads.Reader = reads.LOCAL,
 ) -> RunsView:
     """Show every save under ``root``, one row each, newest first, live until closed.
 
@@ -384,13 +385,16 @@ def watch_runs(
         How often the journal is polled.
     display
         Display the table now (in a notebook).
+    reader
+        Where the journals are read (a cluster's reader when the storage is on its
+        hosts).
 
     Returns
     -------
     RunsView
         Close it (``.close()``, or ``%ckpt_watch --stop``) to stop following.
     """
-    view = RunsView(RunWatch(root, limit=limit), interval_s=interval_s)
+    view = RunsView(RunWatch(root, limit=limit, reader=reader), interval_s=interval_s)
     if display:
         from IPython.display import display as show
 

@@ -179,10 +179,14 @@ class _Following:
 
 
 def follow_text(
-    root: str | os.PathLike[str], op: str, *, file: IO[str] | None = None
+    root: str | os.PathLike[str],
+    op: str,
+    *,
+    file: IO[str] | None = None,
+    reader: reads.Reader = reads.LOCAL,
 ) -> _Following:
     """Draw tqdm bars per process of ``op`` from a thread until ``close()`` is called."""
-    return _Following(root, op, file)
+    return _Following(root, op, file, reader=reader)
 
 
 class FollowNew:
@@ -225,7 +229,7 @@ class FollowNew:
         self.settle_s = settle_s
         self.reader = reader
         self.followed: list[str] = []
-        self._seen = set(reads.routed(reader).run(reads.LIST_OPERATIONS, root))
+        self._seen = set(reader.run(reads.LIST_OPERATIONS, root))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="nbckpt-follow", daemon=True)
 
@@ -238,7 +242,7 @@ class FollowNew:
         self._thread.join(30)
 
     def _next(self) -> JournalTailer | None:
-        for op in reads.routed(self.reader).run(reads.LIST_OPERATIONS, self.root):
+        for op in self.reader.run(reads.LIST_OPERATIONS, self.root):
             if op not in self._seen:
                 self._seen.add(op)
                 tailer = JournalTailer(self.root, op, reader=self.reader)

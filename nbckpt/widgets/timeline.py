@@ -50,7 +50,7 @@ def _load(
         return source
     if op is None:
         raise ValueError("plot_timeline(root, op): name the operation when passing a root")
-    record: OperationRecord = reads.routed(reader).run(reads.READ_OPERATION, source, op)
+    record: OperationRecord = reader.run(reads.READ_OPERATION, source, op)
     return record
 
 
