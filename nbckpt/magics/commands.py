@@ -36,12 +36,10 @@ __all__ = ["NbckptMagics", "get_client", "load_ipython_extension"]
 class NbckptMagics(InspectionMagics):
     """The ``%ckpt_*`` magics. One cluster and one client per IPython session.
 
-    Attributes
-    ----------
-    cluster, client
-        The cluster ``%ckpt_cluster`` started or attached, and its client (or None).
-    views
-        The live views the magics showed, by operation id or barrier key.
+    The session's state (``cluster``, ``client``, ``views``) is kept by
+    :class:`~nbckpt.magics.base.MagicsBase`; the magics that look (``%ckpt_status``,
+    ``%ckpt_ls``, ...) are inherited from
+    :class:`~nbckpt.magics.inspection.InspectionMagics`.
     """
 
     # -- cluster ---------------------------------------------------------------------
