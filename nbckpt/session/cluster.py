@@ -50,6 +50,7 @@ from nbckpt.session.join import (
 from nbckpt.session.launch import SSH_OPTIONS, Launcher, SSHLauncher, launcher_for, stop_processes
 from nbckpt.session.options import LAUNCHERS, ClusterOptions
 from nbckpt.session.profiles import connection_files, find_controller, which_cluster
+from nbckpt.session.reads import LOCAL, Reader, Relay
 from nbckpt.session.registry import Registration, clusters_dir
 from nbckpt.session.rpc import (
     AGENT,
@@ -163,20 +164,18 @@ class JaxCluster(Engines):
         self.cluster = cluster  # ipyparallel's Cluster, if this kernel started it
         self.cluster_id = cluster_id
         self.coordinator: str | None = None
-        self.relay: Any = None
+        self.relay: Relay | None = None
         self.timings: dict[str, float] = {}
         self._registration = Registration()
 
     @property
-    def reader(self) -> Any:
-        """Where this cluster's reads of checkpoint records run (a ``reads.Reader``).
+    def reader(self) -> Reader:
+        """Where this cluster's reads of checkpoint records run.
 
-        ``reads.LOCAL`` for engines on this machine; one sending reads to the hosts'
-        read services for engines elsewhere.
+        :data:`~nbckpt.session.reads.LOCAL` for engines on this machine; one sending
+        reads to the hosts' read services (``relay``) for engines elsewhere.
         """
-        from nbckpt.session import reads
-
-        return reads.Reader(self.relay) if self.relay is not None else reads.LOCAL
+        return Reader(self.relay) if self.relay is not None else LOCAL
 
     def __repr__(self) -> str:
         return f"JaxCluster(id={self.cluster_id!r}, engines={self.engine_ids}, {self.options})"
