@@ -46,3 +46,33 @@ def test_only_complete_steps_are_listed(tmp_path):
 def test_missing_root_has_no_steps(tmp_path):
     assert all_steps(tmp_path / "nope") == []
     assert latest_step(tmp_path / "nope") is None
+
+
+def test_the_registry_names_each_directory_by_its_records(tmp_path):
+    from nbckpt.formats.registry import LAYOUTS, STEP_FORMATS, layout_of
+
+    assert tuple(layout.name for layout in LAYOUTS) == STEP_FORMATS == ("nbckpt", "orbax")
+    ours = _step(tmp_path, "1", mode="rename")
+    # nbckpt writes Orbax's records beside its own, so Orbax can read the step: still ours.
+    (ours / "_CHECKPOINT_METADATA").write_text(json.dumps({"item_handlers": None}))
+    orbax = tmp_path / "2"
+    orbax.mkdir()
+    (orbax / "_CHECKPOINT_METADATA").write_text(json.dumps({"commit_timestamp_nsecs": 1}))
+    nobody = _step(tmp_path, "3")
+    found = {p.name: layout_of(p) for p in (ours, orbax, nobody, tmp_path / "4")}
+    assert {k: v and v.name for k, v in found.items()} == {
+        "1": "nbckpt",
+        "2": "orbax",
+        "3": None,
+        "4": None,
+    }
+    assert all_steps(tmp_path) == [1, 2]  # each complete by its own layout's rule
+
+
+def test_every_registered_layout_has_a_reader():
+    # Restore chooses its reader by the registry's name for the step; a layout added
+    # to the registry without a reader would be listed but not restorable.
+    from nbckpt.engine.restore.step import _READERS
+    from nbckpt.formats.registry import STEP_FORMATS
+
+    assert sorted(_READERS) == sorted(STEP_FORMATS)

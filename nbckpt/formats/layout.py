@@ -15,8 +15,10 @@ A root holds::
 A root may also hold Orbax's steps (``<root>/<step>/`` with Orbax's
 ``_CHECKPOINT_METADATA`` and ``commit_success.txt``, see :mod:`nbckpt.formats.orbax`),
 which nbckpt lists and restores but never writes. :func:`step_format` says which kind a
-directory is, by the records in it: nbckpt's own first (the owner file, or nbckpt
-metadata), then Orbax's.
+directory is, by the records in it, through the registry of layouts
+(:mod:`nbckpt.formats.registry`): nbckpt's own first (the owner file, or nbckpt
+metadata), then Orbax's. nbckpt's records themselves, their names and readers, are
+:mod:`nbckpt.formats.records` (re-exported here).
 
 An nbckpt ``<step>`` directory is complete if and only if it holds the commit-success
 file (commit-file mode) or metadata that says it was finalized by rename (rename mode:
@@ -34,14 +36,35 @@ cleaned either. This module needs neither jax nor tensorstore.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from nbckpt import storage
-from nbckpt.formats import orbax as _orbax
+from nbckpt.formats.records import (
+    CHECKSUMS_DIR,
+    COMMIT_FILE,
+    DELETING_SUFFIX,
+    FORMAT,
+    LEGACY_METADATA_FILE,
+    METADATA_FILE,
+    OWNER_FILE,
+    STATE_DIR,
+    TMP_SUFFIX,
+    Where,
+    fsync_dir,
+    metadata_path,
+    ops_dir,
+    parse_step,
+    read_metadata,
+    read_owner,
+    step_dir,
+    tmp_dir,
+    write_durable,
+    write_owner,
+)
+from nbckpt.formats.registry import StepFormat, layout_of
 from nbckpt.protocol import COMMIT_FILE_MODE, RENAME, Mode
 from nbckpt.storage import Location
 
@@ -58,6 +81,7 @@ __all__ = [
     "EntryState",
     "Mode",
     "StepFormat",
+    "StepState",
     "Where",
     "all_steps",
     "entry_state",
@@ -78,112 +102,15 @@ __all__ = [
     "write_owner",
 ]
 
-TMP_SUFFIX = ".nbckpt-tmp"
-DELETING_SUFFIX = ".nbckpt-deleting"
-#: nbckpt's own step metadata. Its name is nbckpt's alone: Orbax writes a file named
-#: ``_CHECKPOINT_METADATA`` with other contents into its steps.
-METADATA_FILE = "_NBCKPT_METADATA"
-#: Where steps saved before nbckpt 0.2 keep the same metadata (read, never written).
-LEGACY_METADATA_FILE = "_CHECKPOINT_METADATA"
-COMMIT_FILE = "commit_success.txt"
-#: Per-process checksum of every chunk written (CRC-32C; zlib CRC-32 in older steps, see
-#: :mod:`nbckpt.formats.checksum`), ``<step>/_CHECKSUMS/process_<i>.json``.
-CHECKSUMS_DIR = "_CHECKSUMS"
-#: Written (durably) by the primary into a directory it creates, before anything else.
-OWNER_FILE = "_NBCKPT_OWNER"
-STATE_DIR = ".nbckpt"
-#: The ``format`` field of nbckpt's own step metadata.
-FORMAT = "nbckpt/1"
-
-#: What a ``<step>`` directory is, by the records in it (see :func:`entry_state`).
-EntryState = Literal["complete", "corrupt", "incomplete", "foreign"]
-
-#: Who wrote a step directory (see :func:`step_format`).
-StepFormat = Literal["nbckpt", "orbax"]
+#: What a ``<step>`` directory is, by the records in it (see :func:`entry_state`). The
+#: inventory's richer classification of a whole root is
+#: :data:`nbckpt.formats.inventory.State`.
+StepState = Literal["complete", "corrupt", "incomplete", "foreign"]
+#: The old name of :data:`StepState`, kept for one release.
+EntryState = StepState
 
 
-#: A root, or a directory or file under it: a path, a URL or a location.
-Where = str | os.PathLike[str] | Location
-
-
-def step_dir(root: Where, step: int) -> Location:
-    """Return the final directory of ``step`` under ``root``."""
-    return storage.location(root) / str(step)
-
-
-def tmp_dir(root: Where, step: int) -> Location:
-    """Return the temporary directory a rename-mode save of ``step`` writes into."""
-    return storage.location(root) / f"{step}{TMP_SUFFIX}"
-
-
-def ops_dir(root: Where) -> Location:
-    """Return the directory that holds one journal folder per operation."""
-    return storage.location(root) / STATE_DIR / "ops"
-
-
-def parse_step(name: str) -> int | None:
-    """Return the step a directory name stands for, or None if it names no step."""
-    # isdigit() alone accepts "²" or "٣", which int() then rejects or reads as 3.
-    if name.isascii() and name.isdigit() and (name == "0" or not name.startswith("0")):
-        return int(name)
-    return None
-
-
-def _read_json(path: Location) -> dict[str, Any] | None:
-    """A JSON object file's contents, or None (see :func:`nbckpt.storage.read_json`)."""
-    data = storage.read_json(path)
-    return data if isinstance(data, dict) else None
-
-
-def metadata_path(path: Where) -> Location:
-    """Return the file that holds (or would hold) nbckpt's metadata of a step directory.
-
-    ``_NBCKPT_METADATA``, or ``_CHECKPOINT_METADATA`` for a step saved before the rename
-    whose file is there and nbckpt's (Orbax uses that name too, for other contents).
-    """
-    p = storage.location(path)
-    new = p / METADATA_FILE
-    if new.exists():
-        return new
-    legacy = p / LEGACY_METADATA_FILE
-    data = _read_json(legacy)
-    return legacy if data is not None and data.get("format") == FORMAT else new
-
-
-def read_metadata(path: Where) -> dict[str, Any] | None:
-    """Return nbckpt's parsed metadata of a step directory, or None if absent or unreadable.
-
-    Reads ``_NBCKPT_METADATA``, or, for steps saved before it was named so,
-    ``_CHECKPOINT_METADATA`` when that file is nbckpt's (an Orbax step's file of that
-    name is not nbckpt metadata, and gives None).
-    """
-    p = storage.location(path)
-    data = _read_json(p / METADATA_FILE)
-    if data is not None:
-        return data
-    legacy = _read_json(p / LEGACY_METADATA_FILE)
-    return legacy if legacy is not None and legacy.get("format") == FORMAT else None
-
-
-def write_durable(path: Where, text: str) -> None:
-    """Write ``text`` to ``path``; on return it is durable (fsync'd, or acknowledged)."""
-    storage.write_durable(storage.location(path), text)
-
-
-def write_owner(path: Where, op: str, mode: Mode, step: int) -> None:
-    """Record, durably, that operation ``op`` created directory ``path``."""
-    text = json.dumps({"format": FORMAT, "op": op, "mode": mode, "step": step})
-    p = storage.location(path)
-    storage.write_all_durable({p / OWNER_FILE: text}, [p])  # both fsyncs at once
-
-
-def read_owner(path: Where) -> dict[str, Any] | None:
-    """Return the owner record of a directory nbckpt created, or None."""
-    data = _read_json(storage.location(path) / OWNER_FILE)
-    return data if data is not None and data.get("format") == FORMAT else None
-
-
-def entry_state(path: Where) -> EntryState:
+def entry_state(path: Where) -> StepState:
     """Say what a ``<root>/<step>`` directory is, from the records in it.
 
     Returns
@@ -231,17 +158,10 @@ def is_complete(path: Where) -> bool:
         without a commit file, or a directory of neither kind is never complete.
     """
     p = storage.location(path)
-    if parse_step(p.name) is None or (isinstance(p, Path) and not p.is_dir()):
+    if parse_step(p.name) is None:
         return False
-    kind = step_format(p)
-    if kind == "orbax":
-        return _orbax.is_complete(p)
-    if kind is None:
-        return False
-    if (p / COMMIT_FILE).is_file():
-        return True
-    meta = read_metadata(p)
-    return meta is not None and meta.get("mode") == RENAME
+    layout = layout_of(p)
+    return layout is not None and layout.is_complete(p)
 
 
 def step_format(path: Where) -> StepFormat | None:
@@ -253,16 +173,11 @@ def step_format(path: Where) -> StepFormat | None:
         ``"nbckpt"`` if it holds nbckpt's owner record or nbckpt's metadata (also when
         that metadata is damaged, or when the step also carries Orbax's records so
         that Orbax can read it); else ``"orbax"`` if Orbax's records are in it (see
-        :func:`nbckpt.formats.orbax.recognise`); else None.
+        :func:`nbckpt.formats.orbax.recognise`); else None. The registry of layouts
+        (:func:`nbckpt.formats.registry.layout_of`) answers.
     """
-    p = storage.location(path)
-    # On an object store a prefix "is a directory" only by having objects under it;
-    # the records below are looked up directly, which is cheaper than listing them all.
-    if isinstance(p, Path) and not p.is_dir():
-        return None
-    if read_owner(p) is not None or (p / METADATA_FILE).exists() or read_metadata(p) is not None:
-        return "nbckpt"
-    return "orbax" if _orbax.recognise(p) else None
+    layout = layout_of(path)
+    return None if layout is None else layout.name
 
 
 def all_steps(root: Where) -> list[int]:
@@ -296,11 +211,6 @@ def latest_step(root: Where) -> int | None:
     """Return the newest complete step under ``root``, or None if there is none."""
     steps = all_steps(root)
     return steps[-1] if steps else None
-
-
-def fsync_dir(path: Where) -> None:
-    """Make a directory's entries (creations, renames) durable (nothing on object stores)."""
-    storage.sync_dir(storage.location(path))
 
 
 def remove_aside(path: Where) -> None:

@@ -33,7 +33,7 @@ import tensorstore as ts
 from nbckpt.engine.arrays.tree import PathEntry, path_entry, unflatten_paths
 from nbckpt.engine.restore.reads import LeafRead, read_all
 from nbckpt.engine.restore.sources import ORBAX_UNVERIFIED, OrbaxSource
-from nbckpt.engine.restore.step import (
+from nbckpt.engine.restore.targets import (
     check_dtype,
     check_shape,
     check_sharding,

@@ -31,10 +31,11 @@ import numpy as np
 import tensorstore as ts
 
 from nbckpt.engine.arrays.tree import path_str
+from nbckpt.engine.arrays.zarr import chunk_key, chunk_regions
+from nbckpt.engine.progress import ProgressReport
 from nbckpt.engine.restore import hostshare
 from nbckpt.engine.restore.hostshare import HostRegion, slab_rows
 from nbckpt.engine.restore.sources import ArraySource
-from nbckpt.engine.save.writer import ProgressReport, chunk_key, chunk_regions
 from nbckpt.errors import CorruptCheckpointError
 from nbckpt.formats import checksum as _checksum
 
@@ -456,7 +457,7 @@ def read_all(leaves: list[LeafRead], progress: Callable[[int, int], None] | None
 
     ``progress(done, total)``, if given, is called once every read is issued (``done``
     0), then with the bytes read and checked so far as
-    :class:`~nbckpt.engine.save.writer.ProgressReport` paces it (each eighth of ``total``,
+    :class:`~nbckpt.engine.progress.ProgressReport` paces it (each eighth of ``total``,
     and at least every 0.2 s while reads complete); the last read is not reported.
     """
     #: (a completed read, None) or (a checked read, its check's future).

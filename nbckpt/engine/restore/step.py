@@ -9,15 +9,17 @@ arrays, or an OCDBT database of zarr v3 arrays for steps saved in Orbax's layout
 A deleted chunk file fails the read (``fill_missing=False``): every chunk of a complete
 step exists on disk, so zarr's fill value would only hide the damage.
 
-Orbax's steps are restored by :mod:`nbckpt.engine.restore.orbax_step`, through the same
-reads; Orbax records no checksums, so those reads are not checked.
+Which reader a step gets is the registry's answer (:func:`nbckpt.formats.registry.layout_of`),
+the same one the listing and the lab ask: Orbax's steps are restored by
+:mod:`nbckpt.engine.restore.orbax_step`, through the same reads; Orbax records no
+checksums, so those reads are not checked. What a target asks for, and its checks, are
+:mod:`nbckpt.engine.restore.targets`, shared by both readers.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import numpy as np
@@ -40,125 +42,42 @@ from nbckpt.engine.restore.exchange import (
     split_sharding,
     verify_shares,
 )
-from nbckpt.engine.restore.reads import LeafRead, aligned_empty, read_all
+from nbckpt.engine.restore.orbax_step import restore_orbax_step
+from nbckpt.engine.restore.reads import LeafRead, read_all
 from nbckpt.engine.restore.sources import source_for
+from nbckpt.engine.restore.targets import (
+    check_dtype,
+    check_shape,
+    check_sharding,
+    default_sharding,
+    target_parts,
+)
 from nbckpt.errors import CheckpointDataError, CorruptCheckpointError
 from nbckpt.formats import checksum as _checksum
-from nbckpt.formats.layout import CHECKSUMS_DIR, metadata_path, read_metadata, step_format
+from nbckpt.formats.layout import CHECKSUMS_DIR, metadata_path, read_metadata
+from nbckpt.formats.registry import StepFormat, layout_of
 from nbckpt.journal import JournalWriter
 from nbckpt.protocol import Event
 from nbckpt.storage import Location
 
-__all__ = [
-    "aligned_empty",
-    "check_dtype",
-    "check_sharding",
-    "check_shape",
-    "default_sharding",
-    "restore_step",
-    "target_parts",
-]
+__all__ = ["restore_step"]
 
 
-def _is_key(dtype: Any) -> bool:
-    return jax.numpy.issubdtype(dtype, jax.dtypes.prng_key)
+class _StepReader(Protocol):
+    """How one layout's steps are read: :func:`restore_step`'s arguments, all given."""
 
-
-def target_parts(t: Any) -> tuple[jax.sharding.Sharding | None, Any, Any]:
-    """Return (sharding, shape, dtype) a target leaf asks for; None where it is silent.
-
-    A NumPy array asks for host values of its shape and dtype. A typed PRNG key array
-    (or its ``ShapeDtypeStruct``) asks for its key data, which is what was stored.
-    """
-    if isinstance(t, jax.ShapeDtypeStruct):
-        if t.sharding is None:
-            raise ValueError(f"target {t} has no sharding; give ShapeDtypeStruct(sharding=...)")
-        if _is_key(t.dtype):
-            data = jax.eval_shape(jax.random.key_data, t)
-            return t.sharding, tuple(data.shape), data.dtype
-        return t.sharding, tuple(t.shape), t.dtype
-    if isinstance(t, jax.sharding.Sharding):
-        return t, None, None
-    if isinstance(t, jax.Array):
-        if _is_key(t.dtype):
-            t = jax.random.key_data(t)
-        return t.sharding, tuple(t.shape), t.dtype
-    if isinstance(t, np.ndarray | np.generic):
-        return None, tuple(t.shape), t.dtype
-    return None, None, None
-
-
-def check_shape(where: str, saved: Sequence[int], shape: Sequence[int] | None) -> None:
-    """Refuse a target shape other than the saved one (None: the target names none).
-
-    ``where`` names the leaf in the message (its tree path).
-    """
-    if shape is not None and tuple(shape) != tuple(saved):
-        raise ValueError(
-            f"target leaf {where} has shape {tuple(shape)}, saved shape is {tuple(saved)}"
-        )
-
-
-def check_dtype(where: str, saved: Any, dtype: Any, cast: bool) -> None:
-    """Refuse a target dtype other than the saved one, unless ``cast`` allows it."""
-    if dtype is None or saved is None:
-        return
-    try:
-        want = np.dtype(dtype)
-    except TypeError:
-        raise ValueError(
-            f"target leaf {where} has dtype {dtype}, which nbckpt cannot restore"
-        ) from None
-    saved = np.dtype(saved)
-    # Byte order is how a value is held, not what it is: a '>i4' target of an int32
-    # leaf (saved in native order) gets the same values in the order it asks for.
-    if want.newbyteorder("=") != saved.newbyteorder("=") and not cast:
-        raise ValueError(
-            f"target leaf {where} asks for dtype {want}, but it was saved as {saved}; "
-            "pass cast=True to convert it, or give a target of the saved dtype"
-        )
-
-
-def check_sharding(
-    where: str, sharding: jax.sharding.Sharding | None, shape: Sequence[int]
-) -> None:
-    """Refuse a sharding that cannot split the leaf's shape evenly, naming both."""
-    if sharding is None:
-        return
-    try:
-        sharding.shard_shape(tuple(shape))
-    except ValueError as e:
-        if isinstance(sharding, jax.sharding.NamedSharding):
-            layout = f"mesh {dict(sharding.mesh.shape)} with spec {sharding.spec}"
-        else:
-            layout = type(sharding).__name__
-        detail = " ".join(str(e).split())
-        raise ValueError(
-            f"target leaf {where} of shape {tuple(shape)} cannot be split evenly by its "
-            f"sharding ({layout}): {detail}; pick a spec whose mesh axes divide the shape"
-        ) from None
-
-
-def default_sharding(meta: dict[str, Any]) -> jax.sharding.Sharding:
-    """Return the sharding a leaf gets when restored without a target.
-
-    The saved ``NamedSharding`` is rebuilt over this job's devices when their number
-    matches the saved mesh; otherwise the leaf is replicated on every device.
-    """
-    desc = meta.get("sharding") or {}
-    devices = jax.devices()
-    if desc.get("type") == "named" and math.prod(desc["mesh_shape"]) == len(devices):
-        mesh = jax.sharding.Mesh(
-            np.array(devices).reshape(desc["mesh_shape"]), tuple(desc["axis_names"])
-        )
-        spec = jax.sharding.PartitionSpec(
-            *[tuple(p) if isinstance(p, list) else p for p in desc["spec"]]
-        )
-        return jax.sharding.NamedSharding(mesh, spec)
-    if len(devices) == 1:
-        return jax.sharding.SingleDeviceSharding(devices[0])
-    mesh = jax.sharding.Mesh(np.array(devices), ("nbckpt_all",))
-    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    def __call__(
+        self,
+        directory: Location,
+        target: Any,
+        journal: JournalWriter | None,
+        *,
+        cast: bool,
+        verify: bool,
+        item: str | None,
+        job: JobReads | None,
+        partial: bool,
+    ) -> Any: ...
 
 
 #: How many leaves a message lists before it says how many more there are.
@@ -266,10 +185,41 @@ def restore_step(
     KeyError
         A target leaf is not in the step.
     """
-    if step_format(directory) == "orbax":
-        from nbckpt.engine.restore.orbax_step import restore_orbax_step
+    layout = layout_of(directory)
+    # Not a step of any layout: nbckpt's reader says what is missing (its metadata).
+    read = _READERS[layout.name if layout is not None else "nbckpt"]
+    return read(
+        directory, target, journal, cast=cast, verify=verify, item=item, job=job, partial=partial
+    )
 
-        return restore_orbax_step(directory, target, journal, cast=cast, item=item)
+
+def _restore_orbax(
+    directory: Location,
+    target: Any,
+    journal: JournalWriter | None,
+    *,
+    cast: bool,
+    verify: bool,
+    item: str | None,
+    job: JobReads | None,
+    partial: bool,
+) -> Any:
+    """Orbax's steps: no checksums to verify, each process reads its own regions."""
+    return restore_orbax_step(directory, target, journal, cast=cast, item=item)
+
+
+def _restore_nbckpt(
+    directory: Location,
+    target: Any,
+    journal: JournalWriter | None,
+    *,
+    cast: bool,
+    verify: bool,
+    item: str | None,
+    job: JobReads | None,
+    partial: bool,
+) -> Any:
+    """Read an nbckpt step: every chunk read is checked (see :func:`restore_step`)."""
     if item is not None:
         raise ValueError(
             f"{directory} is an nbckpt step, which holds one tree; item={item!r} applies to "
@@ -386,3 +336,10 @@ def restore_step(
             verified=recorded is not None,
         )
     return result
+
+
+#: The reader of every layout in the registry (:data:`nbckpt.formats.registry.LAYOUTS`).
+_READERS: dict[StepFormat, _StepReader] = {
+    "nbckpt": _restore_nbckpt,
+    "orbax": _restore_orbax,
+}

@@ -1,0 +1,121 @@
+"""Which layout a step directory is: one registry, asked by save, restore and the views.
+
+Every layout nbckpt can read is one :class:`StepLayout`: a name, how to recognise a
+directory written in it from its records, and its rule for a complete step. The
+registry (:data:`LAYOUTS`) asks them in order, nbckpt's own first, since an nbckpt
+step also carries Orbax's records so that Orbax can read it. Restore picks its reader
+by the name :func:`layout_of` returns (:mod:`nbckpt.engine.restore.step`), and
+:func:`nbckpt.formats.layout.step_format`, ``is_complete``, the inventory and the lab
+server ask the same question here. A new layout is one more entry in :data:`LAYOUTS`
+and one more reader on the engine side; nothing else branches on it.
+
+This module needs neither jax nor tensorstore.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, Protocol, get_args
+
+from nbckpt import storage
+from nbckpt.formats import orbax as _orbax
+from nbckpt.formats.records import (
+    COMMIT_FILE,
+    METADATA_FILE,
+    Where,
+    read_metadata,
+    read_owner,
+)
+from nbckpt.protocol import RENAME
+from nbckpt.storage import Location
+
+__all__ = [
+    "LAYOUTS",
+    "STEP_FORMATS",
+    "NbckptLayout",
+    "OrbaxLayout",
+    "StepFormat",
+    "StepLayout",
+    "layout_of",
+]
+
+#: Who wrote a step directory: the name of its layout.
+StepFormat = Literal["nbckpt", "orbax"]
+#: Every :data:`StepFormat`, in the order the registry asks.
+STEP_FORMATS: tuple[StepFormat, ...] = get_args(StepFormat)
+
+
+class StepLayout(Protocol):
+    """One on-disk layout of a step directory.
+
+    Attributes
+    ----------
+    name
+        What :func:`layout_of` calls a directory written in this layout.
+    """
+
+    name: StepFormat
+
+    def recognise(self, path: Location) -> bool:
+        """Tell, from the records in ``path``, whether it was written in this layout.
+
+        Complete or not: a half-written step is still recognised.
+        """
+        ...
+
+    def is_complete(self, path: Location) -> bool:
+        """Tell whether a directory this layout recognised is a complete step."""
+        ...
+
+
+class NbckptLayout:
+    """nbckpt's own steps: an owner record or nbckpt metadata (see :mod:`.records`)."""
+
+    name: StepFormat = "nbckpt"
+
+    def recognise(self, path: Location) -> bool:
+        """An owner record, or nbckpt's metadata file (also when it is damaged)."""
+        return (
+            read_owner(path) is not None
+            or (path / METADATA_FILE).exists()
+            or read_metadata(path) is not None
+        )
+
+    def is_complete(self, path: Location) -> bool:
+        """The commit file, or metadata of a rename-mode save (only finalized ones exist)."""
+        if (path / COMMIT_FILE).is_file():
+            return True
+        meta = read_metadata(path)
+        return meta is not None and meta.get("mode") == RENAME
+
+
+class OrbaxLayout:
+    """Steps Orbax wrote, which nbckpt lists and restores but never writes."""
+
+    name: StepFormat = "orbax"
+
+    def recognise(self, path: Location) -> bool:
+        """See :func:`nbckpt.formats.orbax.recognise`."""
+        return _orbax.recognise(path)
+
+    def is_complete(self, path: Location) -> bool:
+        """See :func:`nbckpt.formats.orbax.is_complete`."""
+        return _orbax.is_complete(path)
+
+
+#: The registry, in the order it asks: the first layout that recognises a directory
+#: names it.
+LAYOUTS: tuple[StepLayout, ...] = (NbckptLayout(), OrbaxLayout())
+
+
+def layout_of(path: Where) -> StepLayout | None:
+    """Return the layout a directory was written in, by its records; None if nobody's.
+
+    A missing local directory is nobody's. On an object store a prefix "is a
+    directory" only by having objects under it, so the records are looked up directly,
+    which is cheaper than listing them all.
+    """
+    p = storage.location(path)
+    if isinstance(p, Path) and not p.is_dir():
+        return None
+    return next((layout for layout in LAYOUTS if layout.recognise(p)), None)
