@@ -13,6 +13,7 @@ from nbckpt.errors import ClusterError
 from nbckpt.session.arrivals import where_stuck as _where_stuck
 from nbckpt.session.bootstrap import await_url_file as _await_url_file
 from nbckpt.session.cluster import JaxCluster
+from nbckpt.session.launch import SSHLauncher
 
 
 def _profile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
@@ -56,7 +57,7 @@ def test_an_engine_given_the_connection_info_reads_no_file(tmp_path, monkeypatch
 
 def test_ssh_engines_get_no_copies_of_the_connection_files():
     cluster = JaxCluster(n=3, engines="ssh", hosts=["h0", "h1", "h0"])
-    config = cluster._ssh_config()
+    config = SSHLauncher(cluster.options).config()
     engines = config.SSHEngineSetLauncher.engines
     assert engines == {"h0": {"n": 2, "to_send": []}, "h1": {"n": 1, "to_send": []}}
 

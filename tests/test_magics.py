@@ -12,6 +12,7 @@ from nbckpt.errors import ClusterError
 from nbckpt.magics.commands import NbckptMagics
 from nbckpt.session.client import SaveFailedError
 from nbckpt.session.cluster import JaxCluster, connection_files
+from nbckpt.session.launch import SSHLauncher
 
 BUILD = """
 import jax, numpy as np
@@ -190,7 +191,8 @@ def test_engines_import_jax_while_they_start_not_at_the_join(cluster):
 
 
 def test_ssh_hosts_with_users_and_ports_are_dialled_as_ssh_takes_them():
-    ssh = JaxCluster(engines="ssh", hosts=["h0"], ssh_config="/cfg")._ssh_command
+    cluster = JaxCluster(engines="ssh", hosts=["h0"], ssh_config="/cfg")
+    ssh = SSHLauncher(cluster.options).ssh_command
     assert ssh("me@h1:2222")[-3:] == ["-p", "2222", "me@h1"]
     assert ssh("h2")[:3] == ["ssh", "-F", "/cfg"] and ssh("h2")[-1] == "h2"
     assert "BatchMode=yes" in ssh("h2")  # a password prompt would hang the kernel

@@ -242,7 +242,7 @@ def test_in_a_real_kernel_the_handle_out_is_updated_when_the_save_commits(tmp_pa
 
 
 def test_progress_reports_every_eighth_however_fast():
-    from nbckpt.engine.save.writer import ProgressReport
+    from nbckpt.engine.progress import ProgressReport
 
     seen: list[int] = []
     report = ProgressReport(seen.append, 16 * MB, interval_s=3600)

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from nbckpt.engine.save.writer import chunk_key, chunk_regions
+from nbckpt.engine.arrays.zarr import chunk_key, chunk_regions
 from nbckpt.formats import checksum, orbax_write
 from nbckpt.formats.layout import CHECKSUMS_DIR, COMMIT_FILE, FORMAT, METADATA_FILE, all_steps
 from nbckpt.formats.orbax_names import OCDBT_MANIFEST, SHARDING, TREE_METADATA

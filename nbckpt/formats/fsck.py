@@ -85,8 +85,8 @@ def verify_step(step_path: str | os.PathLike[str] | storage.Location) -> list[st
     """
     import numpy as np
 
+    from nbckpt.engine.arrays.zarr import chunk_key, chunk_regions
     from nbckpt.engine.restore.sources import source_for
-    from nbckpt.engine.save.writer import chunk_key, chunk_regions
     from nbckpt.formats.checksum import matches, read_checksums
 
     path = storage.location(step_path)

@@ -25,22 +25,27 @@ __all__ = ["NO_CLUSTER", "MagicsBase", "usage_errors"]
 NO_CLUSTER = "no nbckpt cluster yet: start one with %ckpt_cluster start -n 4 --dir DIR"
 
 
+#: nbckpt's errors about a value the user typed, raised here before anything is sent: a
+#: root URL nbckpt cannot store at, a mode its store cannot do. They read as usage.
+#: Every other nbckpt error (an existing step, a refused rollback, processes that
+#: disagree) is about the job's state, not the typing: it keeps its class, so a notebook
+#: can catch it, and still shows as one line (:mod:`nbckpt.magics.errors`).
+TYPED_VALUE_ERRORS = (StorageURLError, RenameUnavailableError)
+
+
 @contextmanager
 def usage_errors() -> Iterator[None]:
-    """Turn the client's one-line ValueError about a value into a UsageError.
+    """Turn a one-line ValueError about a typed value into a UsageError.
 
-    nbckpt's own errors that are ValueErrors too (a corrupt checkpoint) are not the
-    user's typing and raise as they are.
+    nbckpt's own errors that are ValueErrors too (a corrupt checkpoint) raise as they
+    are, except :data:`TYPED_VALUE_ERRORS`.
     """
     try:
         yield
     except ValueError as e:
-        # A root URL nbckpt cannot use is the user's typing too.
-        if isinstance(e, StorageURLError | RenameUnavailableError):
+        if isinstance(e, TYPED_VALUE_ERRORS) or not isinstance(e, NbckptError):
             raise UsageError(str(e)) from None
-        if isinstance(e, NbckptError):
-            raise
-        raise UsageError(str(e)) from None
+        raise
 
 
 class MagicsBase(Magics):

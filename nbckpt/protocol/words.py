@@ -52,6 +52,7 @@ __all__ = [
     "barrier_key",
     "barrier_phase",
     "check_name",
+    "check_optional_timeout",
     "check_timeout",
     "new_op_id",
     "parse_op_id",
@@ -323,6 +324,11 @@ def check_timeout(value: object, what: str = "timeout") -> float:
     if isinstance(value, bool) or not math.isfinite(seconds) or seconds <= 0:
         raise ValueError(f"{what} must be a finite number of seconds above 0, got {value!r}")
     return seconds
+
+
+def check_optional_timeout(value: object, what: str = "timeout_s") -> float | None:
+    """Like :func:`check_timeout`, but None stays None: no limit."""
+    return None if value is None else check_timeout(value, what)
 
 
 def as_json() -> ProtocolNames:

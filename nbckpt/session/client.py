@@ -23,11 +23,12 @@ from nbckpt.journal import OperationRecord
 from nbckpt.protocol import (
     DEFAULT_BARRIER_TIMEOUT_S,
     DEFAULT_SAVE_TIMEOUT_S,
+    check_optional_timeout,
     check_timeout,
 )
 from nbckpt.session import reads
 from nbckpt.session.cluster import JaxCluster
-from nbckpt.session.handles import BarrierReport, SaveHandle, _timeout
+from nbckpt.session.handles import BarrierReport, SaveHandle
 from nbckpt.session.rpc import AGENT, ENGINE_DIED, engine_errors, errors_by_process, remote
 
 __all__ = [
@@ -249,7 +250,7 @@ class CheckpointClient:
         SaveFailedError
             For the first save that failed (after waiting for all of them).
         """
-        timeout_s = _timeout(timeout_s)
+        timeout_s = check_optional_timeout(timeout_s)
         records, first_error = [], None
         for handle in [h for h in self.handles if not h.reported]:
             try:

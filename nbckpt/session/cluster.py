@@ -185,15 +185,6 @@ class JaxCluster(Engines):
         """How this cluster's engines start (:func:`~nbckpt.session.launch.launcher_for`)."""
         return launcher_for(self.options)
 
-    # What tests call by these names; the ssh launcher does it.
-    @property
-    def _ssh_command(self) -> Callable[..., list[str]]:
-        return SSHLauncher(self.options).ssh_command
-
-    @property
-    def _ssh_config(self) -> Callable[[], Any]:
-        return SSHLauncher(self.options).config
-
     def start(
         self, timeout_s: float = 120.0, report: Callable[[str], None] | None = None
     ) -> JaxCluster:

@@ -18,7 +18,7 @@ from nbckpt.protocol import (
     Cause,
     Event,
     Status,
-    check_timeout,
+    check_optional_timeout,
 )
 from nbckpt.session import reads
 
@@ -27,11 +27,6 @@ if TYPE_CHECKING:
 
 
 __all__ = ["BarrierReport", "SaveHandle"]
-
-
-def _timeout(value: float | None, what: str = "timeout_s") -> float | None:
-    """Check a timeout before anything is sent; None stays None (no limit)."""
-    return None if value is None else check_timeout(value, what)
 
 
 @dataclass
@@ -106,7 +101,7 @@ class SaveHandle:
         TimeoutError
             If ``timeout_s`` passes first (the save goes on).
         """
-        timeout_s = _timeout(timeout_s)
+        timeout_s = check_optional_timeout(timeout_s)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         dead_since: float | None = None
         while True:

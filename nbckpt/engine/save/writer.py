@@ -20,15 +20,13 @@ from nbckpt.engine.arrays.zarr import (
     create_array_async,
     open_for_write_async,
 )
+from nbckpt.engine.progress import ProgressReport
 from nbckpt.engine.save.snapshot import Snapshot
 from nbckpt.formats import checksum as _checksum
 from nbckpt.storage import Location
 
 __all__ = [
-    "ProgressReport",
     "array_leaves",
-    "chunk_key",
-    "chunk_regions",
     "create_arrays",
     "write_shards",
 ]
@@ -69,59 +67,6 @@ def array_leaves(snap: Snapshot) -> list[dict[str, Any]]:
     the inline value, which is what nbckpt restores.
     """
     return [meta for meta in snap.leaves if "chunks" in meta]
-
-
-class ProgressReport:
-    """Report bytes done in steps: every eighth of the total, or every interval.
-
-    Parameters
-    ----------
-    report
-        Called with the bytes done so far (strictly more than the last call's).
-    total
-        The bytes the work will do in all.
-    interval_s
-        The longest time between two reports while bytes keep getting done.
-    steps
-        Reports per whole, however fast the work runs: a report is due whenever
-        another ``total / steps`` bytes are done since the last one.
-
-    Notes
-    -----
-    Both rules together mean that a job of many pieces reports several times even when
-    it runs faster than ``interval_s`` (a view then shows steps, not 0 then 100 %), and a
-    slow one at least every ``interval_s`` once a piece completes. The last piece is not
-    reported: the event that ends the phase carries the final count.
-    """
-
-    def __init__(
-        self,
-        report: Callable[[int], None] | None,
-        total: int,
-        *,
-        interval_s: float = 0.2,
-        steps: int = 8,
-    ) -> None:
-        self._report = report
-        self.total = total
-        self.interval_s = interval_s
-        self._step = max(1, total // max(1, steps))
-        self.done = 0
-        self._reported = 0
-        self._last = time.monotonic()
-        #: How many reports were made.
-        self.count = 0
-
-    def add(self, nbytes: int) -> None:
-        """Count ``nbytes`` more done; report if a report is due."""
-        self.done += nbytes
-        if self._report is None or self.done <= self._reported or self.done >= self.total:
-            return
-        now = time.monotonic()
-        if self.done - self._reported >= self._step or now - self._last >= self.interval_s:
-            self._report(self.done)
-            self._reported, self._last = self.done, now
-            self.count += 1
 
 
 def write_shards(
