@@ -38,6 +38,7 @@ from nbckpt.engine.restore.targets import (
     check_shape,
     check_sharding,
     default_sharding,
+    is_weak,
     target_parts,
 )
 from nbckpt.errors import CheckpointDataError, CorruptCheckpointError
@@ -212,12 +213,13 @@ def restore_orbax_step(
                 if leaf.value_type == "jax.Array"
                 else None
             )
-            dtype = None
+            dtype, weak, exact = None, False, False
         else:
             sharding, want_shape, dtype = target_parts(t)
             # Orbax's own name for the leaf: its keys joined by '.'.
             check_shape(repr(leaf.name), shape, want_shape)
-            check_dtype(repr(leaf.name), saved, dtype, cast)
+            weak = is_weak(t)
+            exact = check_dtype(repr(leaf.name), saved, dtype, cast, weak)
             check_sharding(repr(leaf.name), sharding, shape)
         chunks = store.chunk_layout.read_chunk.shape
         meta = {
@@ -230,7 +232,9 @@ def restore_orbax_step(
             # Orbax gives a scalar back as a Python number (``.item()``).
             "python_scalar": leaf.value_type == "scalar",
         }
-        read = LeafRead(source, meta, sharding, dtype, None, opening=openings[leaf.name])
+        read = LeafRead(
+            source, meta, sharding, dtype, None, openings[leaf.name], weak=weak, exact=exact
+        )
         reads.append(read)
         values.append(read)
     read_all(reads)

@@ -36,6 +36,7 @@ from nbckpt.engine.progress import ProgressReport
 from nbckpt.engine.restore import hostshare
 from nbckpt.engine.restore.hostshare import HostRegion, slab_rows
 from nbckpt.engine.restore.sources import ArraySource
+from nbckpt.engine.restore.targets import check_x64, convert, weaken
 from nbckpt.errors import CorruptCheckpointError
 from nbckpt.formats import checksum as _checksum
 
@@ -43,7 +44,6 @@ __all__ = [
     "Box",
     "LeafRead",
     "aligned_empty",
-    "check_x64",
     "read_all",
 ]
 
@@ -78,23 +78,6 @@ def aligned_empty(shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
     raw = np.empty(nbytes + _ALIGNMENT, np.uint8)
     offset = -raw.ctypes.data % _ALIGNMENT
     return raw[offset : offset + nbytes].view(dtype).reshape(shape)
-
-
-def check_x64(where: str, dtype: np.dtype[Any]) -> None:
-    """Refuse to make a jax array of a 64-bit dtype when jax would truncate it to 32 bits.
-
-    Without ``jax_enable_x64`` jax converts 64-bit values to 32 bits silently; a
-    restore must not lose them. Host values (NumPy) hold 64 bits and are never refused.
-    """
-    canonical = np.dtype(jax.dtypes.canonicalize_dtype(dtype))
-    if canonical != dtype:
-        raise ValueError(
-            f"leaf {where} was saved as {dtype}, and as a jax array it would be truncated "
-            f"to {canonical}: this process runs without jax_enable_x64; enable it "
-            "(jax.config.update('jax_enable_x64', True)) before restoring, restore the leaf "
-            f"as a host value (target ...), or pass a target of dtype {canonical} with "
-            "cast=True"
-        )
 
 
 def _index_key(index: tuple[slice, ...], shape: tuple[int, ...]) -> Box:
@@ -174,6 +157,9 @@ class LeafRead:
         in ``shares`` is read together with the other holders into one file in the
         host's shared memory (:mod:`nbckpt.engine.restore.hostshare`): this process reads only
         its slab, and :meth:`adopt`, after the barrier, maps the whole region.
+    weak, exact
+        The target leaf is weakly typed, and so is the jax array restored; refuse values
+        that ``dtype`` does not hold exactly (:func:`~nbckpt.engine.restore.targets.convert`).
     """
 
     def __init__(
@@ -186,6 +172,8 @@ class LeafRead:
         opening: ts.Future[ts.TensorStore] | None = None,
         shares: dict[Box, tuple[int, int]] | None = None,
         scratch: str | None = None,
+        weak: bool = False,
+        exact: bool = False,
     ) -> None:
         self.source = source
         self.meta = meta
@@ -193,6 +181,7 @@ class LeafRead:
         self.where = path_str(tuple((k, v) for k, v in meta.get("path", [])))
         self.sharding = sharding
         self.dtype = None if dtype is None else np.dtype(dtype)
+        self.weak, self.exact = weak, exact
         if sharding is not None and meta["kind"] != "scalar":
             check_x64(self.where, self.dtype or np.dtype(meta["dtype"]))
         self.recorded = recorded
@@ -397,7 +386,7 @@ class LeafRead:
                 host = aligned_empty(part.shape, part.dtype)
                 host[...] = part
             if self.dtype is not None and host.dtype != self.dtype:
-                host = host.astype(self.dtype)
+                host = convert(self.where, host, self.dtype, self.exact)
             self.placed[i] = host if device is None else jax.device_put(host, device)
 
     def result(self) -> Any:
@@ -406,6 +395,8 @@ class LeafRead:
         if meta["kind"] == "scalar":
             value = meta["value"]
             py_type = meta.get("py_type")
+            # Returned as the number it was, whatever the target's dtype: nothing is
+            # converted, so a weak target's exactness (``exact``) has nothing to check.
             if py_type == "complex":
                 return complex(value[0], value[1])
             return {"bool": bool, "int": int, "float": float}.get(py_type or "", lambda v: v)(value)
@@ -415,6 +406,8 @@ class LeafRead:
         else:
             bufs = [self.placed[i] for i in range(len(self.devices))]
             value = jax.make_array_from_single_device_arrays(self.shape, self.sharding, bufs)
+            if self.weak:
+                value = weaken(value)
         if meta.get("key_impl"):
             # A typed PRNG key, stored as its key data.
             return jax.random.wrap_key_data(value, impl=meta["key_impl"])

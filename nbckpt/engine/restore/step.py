@@ -50,6 +50,7 @@ from nbckpt.engine.restore.targets import (
     check_shape,
     check_sharding,
     default_sharding,
+    is_weak,
     target_parts,
 )
 from nbckpt.errors import CheckpointDataError, CorruptCheckpointError
@@ -294,10 +295,13 @@ def _restore_nbckpt(
             if m["kind"] == "scalar" and sharding is None:
                 shape = dtype = None  # a Python number comes back as the number it was
             check_shape(label, m.get("shape", ()), shape)
-            check_dtype(label, m.get("dtype"), dtype, cast)
+            weak = is_weak(t)
+            exact = check_dtype(label, m.get("dtype"), dtype, cast, weak)
             check_sharding(label, sharding, m.get("shape", ()))
             read_as, shares = plan(sharding, m)
-            leaves.append(LeafRead(source, m, read_as, dtype, sums(m), shares=shares, scratch=tag))
+            leaves.append(
+                LeafRead(source, m, read_as, dtype, sums(m), None, shares, tag, weak, exact)
+            )
         if not partial:
             _check_covered(meta, wanted)
 

@@ -18,8 +18,12 @@ __all__ = [
     "check_dtype",
     "check_shape",
     "check_sharding",
+    "check_x64",
+    "convert",
     "default_sharding",
+    "is_weak",
     "target_parts",
+    "weaken",
 ]
 
 
@@ -62,10 +66,31 @@ def check_shape(where: str, saved: Sequence[int], shape: Sequence[int] | None) -
         )
 
 
-def check_dtype(where: str, saved: Any, dtype: Any, cast: bool) -> None:
-    """Refuse a target dtype other than the saved one, unless ``cast`` allows it."""
+def is_weak(t: Any) -> bool:
+    """Whether a target leaf is weakly typed, as ``jax.eval_shape`` makes a Python number."""
+    # A typed PRNG key array has no ``weak_type`` at all: keys are never weak.
+    weak = getattr(t, "weak_type", False)
+    return isinstance(t, jax.ShapeDtypeStruct | jax.Array) and bool(weak)
+
+
+def _family(dtype: np.dtype[Any]) -> str | None:
+    for kind in (np.integer, np.floating, np.complexfloating):
+        if jax.numpy.issubdtype(dtype, kind):
+            return kind.__name__
+    return None
+
+
+def check_dtype(where: str, saved: Any, dtype: Any, cast: bool, weak: bool = False) -> bool:
+    """Refuse a target dtype other than the saved one, unless ``cast`` allows it.
+
+    A weakly typed target (``weak``; see :func:`is_weak`) of the saved dtype's family
+    (integer, floating or complex) is not refused: its dtype is jax's default for a
+    Python number, not a choice, so the saved values are converted to it if they fit
+    exactly. Return True when they must be checked for that as they are read
+    (:func:`convert`); False when nothing needs checking.
+    """
     if dtype is None or saved is None:
-        return
+        return False
     try:
         want = np.dtype(dtype)
     except TypeError:
@@ -75,10 +100,69 @@ def check_dtype(where: str, saved: Any, dtype: Any, cast: bool) -> None:
     saved = np.dtype(saved)
     # Byte order is how a value is held, not what it is: a '>i4' target of an int32
     # leaf (saved in native order) gets the same values in the order it asks for.
-    if want.newbyteorder("=") != saved.newbyteorder("=") and not cast:
+    if want.newbyteorder("=") == saved.newbyteorder("=") or cast:
+        return False
+    if weak and _family(want) is not None and _family(want) == _family(saved):
+        return True
+    raise ValueError(
+        f"target leaf {where} asks for dtype {want}, but it was saved as {saved}; "
+        "pass cast=True to convert it, or give a target of the saved dtype"
+    )
+
+
+def convert(where: str, values: np.ndarray, dtype: np.dtype[Any], exact: bool) -> np.ndarray:
+    """Return ``values`` as ``dtype``; with ``exact``, refuse values that change.
+
+    ``exact`` is for a weakly typed target (:func:`check_dtype`): a value converts
+    exactly if it converts back to itself (NaN to NaN); an int64 of 2**40 into int32
+    does not, nor does a float64 that float32 rounds.
+    """
+    try:
+        with np.errstate(over="ignore", invalid="ignore"):
+            out = values.astype(dtype)
+            same = not exact or np.array_equal(
+                out.astype(values.dtype), values, equal_nan=values.dtype.kind in "fc"
+            )
+    except OverflowError:  # a Python integer too large for any NumPy integer
+        same = False
+    if not same:
         raise ValueError(
-            f"target leaf {where} asks for dtype {want}, but it was saved as {saved}; "
-            "pass cast=True to convert it, or give a target of the saved dtype"
+            f"target leaf {where} is weakly typed {dtype}, but the saved {values.dtype} "
+            "values do not fit it exactly; pass cast=True to convert anyway"
+        )
+    return out
+
+
+def weaken(value: jax.Array) -> jax.Array:
+    """Return ``value`` weakly typed, as the target leaf it restores was.
+
+    A restored state whose step is weakly typed, as the one ``init`` made, keeps jax's
+    promotion rules for it and hits the same compiled training step. jax has no public
+    way to mark an array weak (``make_array_from_single_device_arrays`` never does), so
+    this uses the conversion jax's own ``jacrev`` uses (one small op on the devices).
+    """
+    from jax._src.lax import lax as lax_internal
+
+    out: jax.Array = lax_internal._convert_element_type(
+        value, value.dtype, weak_type=True, sharding=value.sharding
+    )
+    return out
+
+
+def check_x64(where: str, dtype: np.dtype[Any]) -> None:
+    """Refuse to make a jax array of a 64-bit dtype when jax would truncate it to 32 bits.
+
+    Without ``jax_enable_x64`` jax converts 64-bit values to 32 bits silently; a
+    restore must not lose them. Host values (NumPy) hold 64 bits and are never refused.
+    """
+    canonical = np.dtype(jax.dtypes.canonicalize_dtype(dtype))
+    if canonical != dtype:
+        raise ValueError(
+            f"leaf {where} was saved as {dtype}, and as a jax array it would be truncated "
+            f"to {canonical}: this process runs without jax_enable_x64; enable it "
+            "(jax.config.update('jax_enable_x64', True)) before restoring, restore the leaf "
+            f"as a host value (target ...), or pass a target of dtype {canonical} with "
+            "cast=True"
         )
 
 
