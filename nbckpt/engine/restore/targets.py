@@ -133,19 +133,24 @@ def convert(where: str, values: np.ndarray, dtype: np.dtype[Any], exact: bool) -
     return out
 
 
+def _weak(x: jax.Array) -> jax.Array:
+    from jax._src.lax import lax as lax_internal
+
+    out: jax.Array = lax_internal._convert_element_type(x, x.dtype, weak_type=True)
+    return out
+
+
 def weaken(value: jax.Array) -> jax.Array:
     """Return ``value`` weakly typed, as the target leaf it restores was.
 
     A restored state whose step is weakly typed, as the one ``init`` made, keeps jax's
     promotion rules for it and hits the same compiled training step. jax has no public
     way to mark an array weak (``make_array_from_single_device_arrays`` never does), so
-    this uses the conversion jax's own ``jacrev`` uses (one small op on the devices).
+    this uses the conversion jax's own ``jacrev`` uses: one small op on the devices.
     """
-    from jax._src.lax import lax as lax_internal
-
-    out: jax.Array = lax_internal._convert_element_type(
-        value, value.dtype, weak_type=True, sharding=value.sharding
-    )
+    # Under jit, with the leaf's own sharding out: the conversion's ``sharding`` argument
+    # refuses specs over a mesh's Explicit axes (``jax.make_mesh``'s default).
+    out: jax.Array = jax.jit(_weak, out_shardings=value.sharding)(value)
     return out
 
 
