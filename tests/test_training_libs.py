@@ -8,6 +8,9 @@ into the abstract one ``jax.eval_shape`` gives (weakly typed where a Python numb
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +19,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import orbax.checkpoint as ocp
 import pytest
 from flax import nnx, struct
 
 from nbckpt.engine import AsyncCheckpointer
+from nbckpt.engine.restore.step import restore_step
 
 _ONE = jax.sharding.SingleDeviceSharding(jax.devices()[0])
 
@@ -119,6 +124,53 @@ def test_a_target_that_is_not_weak_is_still_refused_without_cast(tmp_path: Path)
     with pytest.raises(ValueError, match=r"saved as int64; pass cast=True"):
         ck.restore(1, target=weak_float)
     assert ck.restore(1, target=strong, cast=True)["step"] == 3
+
+
+def test_an_orbax_step_restores_into_a_weak_target_alike(tmp_path: Path) -> None:
+    ck = ocp.StandardCheckpointer()
+    ck.save(tmp_path / "1", {"step": np.int64(3), "big": np.int64(2**40)})
+    ck.wait_until_finished()
+    weak = jax.ShapeDtypeStruct((), jnp.int32, sharding=_ONE, weak_type=True)
+    restored = restore_step(tmp_path / "1", {"step": weak}, partial=True)
+    assert _same(restored, {"step": jnp.asarray(3)}) and restored["step"].weak_type
+    with pytest.raises(ValueError, match=r"leaf \['big'\] is weakly typed int32, but the saved"):
+        restore_step(tmp_path / "1", {"big": weak})
+
+
+_SHARDED = """
+import jax, jax.numpy as jnp, numpy as np
+from nbckpt.engine import AsyncCheckpointer
+ck = AsyncCheckpointer({root!r})
+ck.save(1, {{"step": np.int64(3), "v": np.arange(8, dtype=np.int64)}})
+ck.wait_until_finished()
+# make_mesh's axes are Explicit; a Mesh built by hand has Auto ones.
+for mesh in (jax.make_mesh((4,), ("x",)), jax.sharding.Mesh(np.array(jax.devices()), ("x",))):
+    def at(*spec):
+        return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec))
+    target = {{
+        "step": jax.ShapeDtypeStruct((), jnp.int32, sharding=at(), weak_type=True),
+        "v": jax.ShapeDtypeStruct((8,), jnp.int32, sharding=at("x"), weak_type=True),
+    }}
+    out = ck.restore(1, target=target)
+    for k, t in target.items():
+        assert out[k].weak_type and out[k].dtype == jnp.int32, out[k]
+        assert out[k].sharding == t.sharding, (out[k].sharding, t.sharding)
+    assert int(out["step"]) == 3 and np.array_equal(out["v"], np.arange(8))
+print("ok")
+"""
+
+
+def test_weak_leaves_keep_their_sharding_over_four_devices(tmp_path: Path) -> None:
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    env["JAX_PLATFORMS"] = "cpu"
+    run = subprocess.run(
+        [sys.executable, "-c", _SHARDED.format(root=str(tmp_path))],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
 
 
 # -- the libraries -----------------------------------------------------------------------
