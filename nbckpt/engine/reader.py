@@ -106,7 +106,9 @@ class CheckpointReader:
             if None.
         cast
             Allow a target whose dtype differs from the saved one (the values are
-            converted); without it such a target is refused.
+            converted); without it such a target is refused, unless it is weakly typed
+            (as ``jax.eval_shape`` makes a Python number) and every value read converts
+            to its dtype exactly: an int64 step into a weak int32 comes back weak.
         item
             The item of an Orbax ``CheckpointManager`` step to restore (``"params"``);
             None picks its only pytree item. nbckpt steps hold one tree: leave it None.
@@ -132,11 +134,11 @@ class CheckpointReader:
             leaves), or an Orbax step has no item ``item``.
         ValueError
             A target leaf's shape differs from the saved one, or its dtype does and
-            ``cast`` is False; the target leaves saved leaves out and ``partial`` is
-            False; a 64-bit leaf would become a jax array in a process without
-            ``jax_enable_x64`` (it would be truncated); a target sharding cannot split
-            its leaf evenly; or an Orbax step holds several pytree items and ``item``
-            is None.
+            ``cast`` is False (for a weak target: and a value read does not fit it);
+            the target leaves saved leaves out and ``partial`` is False; a 64-bit leaf
+            would become a jax array in a process without ``jax_enable_x64`` (it would
+            be truncated); a target sharding cannot split its leaf evenly; or an Orbax
+            step holds several pytree items and ``item`` is None.
         """
         return self.restore_from(
             lambda: target,
