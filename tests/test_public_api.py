@@ -11,8 +11,10 @@ def test_engine_public_names_are_pinned():
         "CheckpointerOptions",
         "CoordinationServiceClient",
         "InProcessClient",
+        "SavePolicy",
         "SignalingClient",
         "Synchronizer",
+        "TrainingCheckpointer",
         "all_steps",
         "default_client",
         "latest_step",
@@ -159,6 +161,7 @@ def test_async_checkpointer_public_methods_are_pinned(tmp_path):
         "close": "(self) -> 'None'",
         "in_flight": "(self) -> 'bool'",
         "prune_after": "(self, step: 'int', *, timeout_s: 'float | None' = None) -> 'list[int]'",
+        "reached_preemption": "(self, step: 'int') -> 'bool'",
         "restore": "(self, step: 'int | None' = None, target: 'Any' = None, *, "
         "key: 'str | None' = None, timeout_s: 'float | None' = None, cast: 'bool' = False, "
         "item: 'str | None' = None, partial: 'bool' = False) -> 'Any'",

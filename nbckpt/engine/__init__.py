@@ -3,6 +3,7 @@
 Public names::
 
     from nbckpt.engine import AsyncCheckpointer, latest_step, all_steps
+    from nbckpt.engine import TrainingCheckpointer, SavePolicy   # for training loops
 
 It never imports IPython, widgets or ipyparallel.
 """
@@ -15,6 +16,7 @@ from nbckpt.engine.sync.barriers import (
     Synchronizer,
     default_client,
 )
+from nbckpt.engine.training import SavePolicy, TrainingCheckpointer
 from nbckpt.formats.layout import all_steps, latest_step
 
 __all__ = [
@@ -22,8 +24,10 @@ __all__ = [
     "CheckpointerOptions",
     "CoordinationServiceClient",
     "InProcessClient",
+    "SavePolicy",
     "SignalingClient",
     "Synchronizer",
+    "TrainingCheckpointer",
     "all_steps",
     "default_client",
     "latest_step",

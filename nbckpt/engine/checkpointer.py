@@ -22,7 +22,10 @@ from nbckpt.engine.reader import CheckpointReader
 from nbckpt.engine.save.inflight import InFlight
 from nbckpt.engine.save.prune import prune_everywhere
 from nbckpt.engine.save.start import start_save
+from nbckpt.engine.sync import preemption
 from nbckpt.engine.sync.barriers import SignalingClient
+from nbckpt.engine.sync.preemption import DEFAULT_GRACE_S
+from nbckpt.formats.layout import is_complete, step_dir
 from nbckpt.formats.retention import BestMode, RetentionPolicy
 from nbckpt.protocol import DEFAULT_SAVE_TIMEOUT_S, Mode, check_timeout
 from nbckpt.storage import Location
@@ -57,6 +60,10 @@ class AsyncCheckpointer(CheckpointReader):
     client
         The key-value client used for barriers; by default the coordination service
         of ``jax.distributed``, or an in-process one for a single process.
+    preemption_grace_s
+        Once this process hears of a preemption, how long it may live: at the end a
+        process still running exits (0 if the agreed step was committed). See
+        :meth:`reached_preemption`.
 
     Examples
     --------
@@ -81,6 +88,7 @@ class AsyncCheckpointer(CheckpointReader):
         save_interval_steps: int | None = None,
         format: str | None = None,
         client: SignalingClient | None = None,
+        preemption_grace_s: float = DEFAULT_GRACE_S,
     ) -> None:
         where = storage.location(root)  # refuses a URL it cannot store at
         mode = storage.commit_mode(where, mode)  # refuses rename mode on an object store
@@ -99,6 +107,7 @@ class AsyncCheckpointer(CheckpointReader):
         )
         super().__init__(where, options, Context.connect(where, primary, client))
         self._inflight = InFlight(self._ctx.sync, self._ctx.health)
+        self._grace_s = check_timeout(preemption_grace_s, "preemption_grace_s")
 
     # -- public API ------------------------------------------------------------------
 
@@ -237,6 +246,33 @@ class AsyncCheckpointer(CheckpointReader):
         )
         self.last_op = job.op
         self._inflight.start(job)
+
+    def reached_preemption(self, step: int) -> bool:
+        """Tell whether to save ``step`` now because a process was told to stop.
+
+        False until any process of the job gets SIGTERM (a preemption notice, or
+        ``%ckpt_fault preempt``); then True on every process at the same step, the
+        first one that every process can still reach, and only from there on. Call it
+        at every step, on every process, from the main thread (the first call
+        installs the SIGTERM handler); before a notice it costs a lock and a flag. A
+        process stays alive after its SIGTERM until ``preemption_grace_s`` has passed
+        or a second SIGTERM comes. See :mod:`nbckpt.engine.sync.preemption`.
+
+        Examples
+        --------
+        >>> for step in range(start, steps):                          # doctest: +SKIP
+        ...     state, loss = train_step(state, batch)
+        ...     if ckptr.should_save(step) or ckptr.reached_preemption(step):
+        ...         ckptr.save(step, state)
+        ...     if ckptr.reached_preemption(step):
+        ...         ckptr.wait_until_finished()
+        ...         break
+        """
+        step = _check_step(step)
+        watch = preemption.watch_for(self._ctx.health.client, grace_s=self._grace_s)
+        if watch.committed is None:
+            watch.committed = lambda s: is_complete(step_dir(self.root, s))
+        return watch.reached(step)
 
     def wait_until_finished(self) -> None:
         """Block until the save in flight, if any, is committed or failed.

@@ -14,7 +14,7 @@ import signal
 import time
 
 from nbckpt.engine import hooks
-from nbckpt.protocol import Phase, check_timeout
+from nbckpt.protocol import FAULT_ACTIONS, FAULTS, Phase, check_timeout
 
 __all__ = [
     "ACTIONS",
@@ -24,14 +24,15 @@ __all__ = [
     "fail_io",
     "kill",
     "list_faults",
+    "preempt",
     "slow_io",
     "stall",
 ]
 
 #: The faults that can be injected.
-KINDS = ("kill", "stall", "slow-io", "fail-io")
+KINDS = FAULTS
 #: What ``%ckpt_fault`` takes: a fault, or ``list`` / ``clear``.
-ACTIONS = (*KINDS, "list", "clear")
+ACTIONS = FAULT_ACTIONS
 
 _active: dict[str, str] = {}
 
@@ -86,6 +87,18 @@ def slow_io(factor: float) -> str:
     return _active["io"]
 
 
+def preempt() -> str:
+    """Send this process the preemption notice a spot machine gets: SIGTERM.
+
+    A process whose loop checks ``reached_preemption`` saves the agreed step with the
+    others (see :mod:`nbckpt.engine.sync.preemption`); any other process dies of it,
+    as it would on a real preemption. The notebook sends it through the engine's
+    nanny instead, so that it reaches an engine busy running a training loop.
+    """
+    os.kill(os.getpid(), signal.SIGTERM)
+    return "preempt notice sent (SIGTERM)"
+
+
 def list_faults() -> list[str]:
     """Describe the faults armed in this process."""
     return sorted(_active.values())
@@ -109,6 +122,8 @@ def arm(
         slow_io(factor if factor is not None else 1.0)
     elif kind == "fail-io":
         fail_io(at or Phase.WRITE)
+    elif kind == "preempt":
+        return [preempt()]
     elif kind == "clear":
         clear()
     elif kind != "list":

@@ -224,7 +224,9 @@ class NbckptMagics(InspectionMagics):
 
         ``kill --process P`` (now, or ``--at`` a phase), ``stall --process P --at PHASE
         --seconds S``, ``slow-io --process P --factor F``, ``fail-io --process P [--at
-        PHASE]`` (an OSError, by default at write); ``list`` shows what is armed,
+        PHASE]`` (an OSError, by default at write), ``preempt --process P`` (the
+        SIGTERM a preemptible machine gets: a loop that checks ``reached_preemption``
+        saves the agreed step on every process, then stops); ``list`` shows what is armed,
         ``clear`` disarms everything. An option a fault does not take is refused.
         Faults fire as the engine's own phases start (``--at``, listed below).
         """

@@ -136,6 +136,11 @@ class ProcessGroup:
         """The operating-system pids of the workers."""
         return [p.pid for p in self._procs]
 
+    @property
+    def returncodes(self) -> list[int | None]:
+        """Per process, its exit code once it has exited; None while it runs."""
+        return [p.poll() for p in self._procs]
+
     def alive(self) -> list[bool]:
         """Tell, per process, whether its worker is still running."""
         return [p.poll() is None for p in self._procs]

@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 __all__ = [
     "BARRIERS",
     "DEFAULT_BARRIER_TIMEOUT_S",
+    "FAULTS",
+    "FAULT_ACTIONS",
     "DEFAULT_SAVE_TIMEOUT_S",
     "END_STATUSES",
     "FORMATS",
@@ -103,6 +105,11 @@ def barrier_phase(name: str) -> str:
     """Return the phase name of waiting at barrier ``name`` (``barrier:<name>``)."""
     return f"{BARRIER_PREFIX}{name}"
 
+
+#: What ``%ckpt_fault`` injects (``preempt``: the notice a preemptible machine gets).
+FAULTS: Final = ("kill", "stall", "slow-io", "fail-io", "preempt")
+#: What ``%ckpt_fault`` takes: a fault, or ``list`` / ``clear``.
+FAULT_ACTIONS: Final = (*FAULTS, "list", "clear")
 
 #: The phases of a save, in order; ``%ckpt_fault --at`` takes one of these.
 PHASES: Final[tuple[str, ...]] = (

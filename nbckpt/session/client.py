@@ -102,6 +102,10 @@ def _arm_fault(
     if process is None or not 0 <= process < n:
         raise ValueError(f"--process must be one of 0..{n - 1}, got {process}")
     cluster.check_alive()
+    if kind == "preempt":
+        # Through the engine's nanny, not a queued call: a loop keeps the engine busy.
+        cluster.client.send_signal("SIGTERM", targets=[cluster.engine_ids[process]], block=True)
+        return {process: ["preempt notice sent (SIGTERM)"]}
     engine = cluster.client[cluster.engine_ids[process]]
     ar = engine.apply_async(fault, kind, at=at, seconds=seconds, factor=factor)
     try:
@@ -406,7 +410,9 @@ class CheckpointClient:
     ) -> dict[int, list[str]]:
         """Arm (or list, or clear) a fault; see :mod:`nbckpt.engine.faults`.
 
-        ``kill``, ``stall``, ``slow-io`` and ``fail-io`` act on ``process`` only; ``list``
+        ``kill``, ``stall``, ``slow-io``, ``fail-io`` and ``preempt`` (SIGTERM, sent
+        through the engine's nanny so that it reaches a busy engine) act on ``process``
+        only; ``list``
         and ``clear`` on every process. Returns the faults armed, per process. A ``kill``
         without ``at`` kills the process at once.
         """

@@ -13,7 +13,7 @@ import socket
 import time
 from typing import Any
 
-from nbckpt.engine.sync import health
+from nbckpt.engine.sync import health, preemption
 from nbckpt.engine.sync.barriers import default_client
 from nbckpt.netaddr import loopback_name, route_address
 
@@ -21,6 +21,8 @@ __all__ = ["info", "initialize", "loopback_name", "pick_port", "route_address", 
 
 #: How this process was joined; empty until :func:`initialize` ran.
 _joined: dict[str, Any] = {}
+#: How long process 0 waits at shutdown for the others to leave the job first.
+_LEAVE_TIMEOUT_S = 10.0
 
 
 def _advertise_collectives_at(address: str) -> None:
@@ -169,8 +171,34 @@ def shutdown() -> None:
     """Stop the heartbeats, then leave the job (``jax.distributed.shutdown``)."""
     import jax
 
+    preemption.stop_all()
     monitor = _joined.get("monitor")
     if monitor is not None:
         # A beat must not reach for a coordination client that is being torn down.
         monitor.stop()
+    if jax.process_index() == 0 and jax.process_count() > 1:
+        _await_others_leaving(jax.process_count())
     jax.distributed.shutdown()
+
+
+def _await_others_leaving(n: int, timeout_s: float = _LEAVE_TIMEOUT_S) -> None:
+    """On process 0, wait (a while at most) until the other processes have left.
+
+    Under recoverability the service does not hold its own shutdown for the others;
+    a process still leaving when process 0 takes the service down aborts (SIGABRT)
+    instead of exiting 0. Processes that died are not live: no wait for them.
+    """
+    from jax._src.distributed import global_state
+
+    client = global_state.client
+    if client is None:
+        return
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        try:
+            live = client.get_live_nodes(list(range(n)))
+        except Exception:  # the service is already failing: nothing to wait for
+            return
+        if set(live) <= {0}:
+            return
+        time.sleep(0.02)

@@ -25,6 +25,8 @@ from nbckpt.magics.args.base import (
     whole,
 )
 from nbckpt.protocol import (
+    FAULT_ACTIONS,
+    FAULTS,
     PHASES,
 )
 from nbckpt.session import RetentionPolicy
@@ -55,8 +57,8 @@ FAULT: Final = MagicArgs(
     "ckpt_fault",
     argument(
         "action",
-        choices=["kill", "stall", "slow-io", "fail-io", "list", "clear"],
-        help="what to inject (kill, stall, slow-io, fail-io), or list / clear",
+        choices=list(FAULT_ACTIONS),
+        help=f"what to inject ({', '.join(FAULTS)}), or list / clear",
     ),
     argument("--process", metavar="P", help="the process to act on (not for list / clear)"),
     argument(
@@ -83,6 +85,7 @@ _FAULT_OPTIONS: Final = {
     "stall": {"process", "at", "seconds"},
     "slow-io": {"process", "factor"},
     "fail-io": {"process", "at"},
+    "preempt": {"process"},
     "list": set(),
     "clear": set(),
 }

@@ -1,0 +1,195 @@
+"""Preemption: a SIGTERM to any process of a training job saves one agreed step on all.
+
+The agreement itself is checked with threads over one in-process key-value store (every
+interleaving of notice and steps is easy to set up there); the real counterpart runs
+four real JAX processes in a training loop and signals one of them, process 0 too.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from nbckpt.engine import AsyncCheckpointer
+from nbckpt.engine.sync.barriers import InProcessClient
+from nbckpt.engine.sync.preemption import NOTICE_KEY, PreemptionWatch
+from nbckpt.errors import BarrierTimeoutError
+from nbckpt.formats.layout import all_steps
+from nbckpt.procgroup import ProcessGroup
+
+T = "tests.mh_preempt"
+
+
+def _watches(
+    n: int, grace_s: float = 3600.0, ended: list[int] | None = None
+) -> list[PreemptionWatch]:
+    store = InProcessClient(0, n)
+    end = (ended if ended is not None else []).append
+    return [
+        PreemptionWatch(store if p == 0 else InProcessClient(p, n, store), grace_s=grace_s, end=end)
+        for p in range(n)
+    ]
+
+
+def _until(predicate, timeout_s: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    end = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.01)
+
+
+def test_the_agreed_step_is_the_first_one_no_process_has_passed() -> None:
+    watches = _watches(3)
+    at = {0: 7, 1: 9, 2: 8}  # processes of one job are rarely at the same step
+    try:
+        for p, w in enumerate(watches):
+            assert w.reached(at[p]) is False  # before any notice: a flag, no message
+        watches[1].notify("test")
+        _until(lambda: all(w.noticed for w in watches))
+        answers = {p: [w.reached(s) for s in range(at[p] + 1, 12)] for p, w in enumerate(watches)}
+        # Every process says True first at step 10: one past the furthest (9).
+        assert {p: a.index(True) + at[p] + 1 for p, a in answers.items()} == dict.fromkeys(at, 10)
+        assert all(w.notice and w.notice["process"] == 1 for w in watches)
+    finally:
+        for w in watches:
+            w.stop()
+
+
+def _race(trial: int) -> None:
+    """Two processes loop while one is told after ``trial`` ms; check every answer."""
+    watches = _watches(2)
+    answered: dict[int, dict[int, bool]] = {0: {}, 1: {}}
+
+    def loop(p: int) -> None:
+        end = time.monotonic() + 30
+        for step in itertools.count():
+            answered[p][step] = watches[p].reached(step)
+            if answered[p][step] or time.monotonic() > end:
+                return
+
+    threads = [threading.Thread(target=loop, args=(p,)) for p in (0, 1)]
+    for t in threads:
+        t.start()
+    time.sleep(0.001 * trial)
+    watches[trial % 2].notify("test")
+    for t in threads:
+        t.join(timeout=30)
+    try:
+        agreed = watches[0].agreed()
+        assert agreed == watches[1].agreed()
+        for p in (0, 1):
+            assert answered[p].get(agreed) is True, (trial, p, agreed)
+            assert not any(v for s, v in answered[p].items() if s < agreed)
+    finally:
+        for w in watches:
+            w.stop()
+
+
+def test_a_step_answered_false_is_never_the_agreed_one() -> None:
+    # Whatever the interleaving of a notice and the loops, no process has answered
+    # False at the agreed step: the report and the answer take the same lock.
+    for trial in range(20):
+        _race(trial)
+
+
+def test_a_process_that_never_reports_fails_the_agreement_by_the_deadline() -> None:
+    ended: list[int] = []
+    watches = _watches(2, grace_s=0.5, ended=ended)
+    try:
+        watches[0].reached(3)
+        watches[1].stop()  # process 1 is gone: nothing reports for it
+        watches[0].client.key_value_set(NOTICE_KEY, '{"process": 1, "reason": "test"}')
+        _until(lambda: watches[0].noticed)
+        with pytest.raises(BarrierTimeoutError, match="process 1"):
+            watches[0].reached(4)
+        _until(lambda: ended == [143])  # and the deadline ends it: nothing was committed
+    finally:
+        watches[0].stop()
+
+
+def _wait_for_steps(progress: Path, n: int, at_least: int, timeout_s: float = 120) -> None:
+    def done() -> bool:
+        marks = [progress / str(p) for p in range(n)]
+        return all(m.exists() and int(m.read_text() or -1) >= at_least for m in marks)
+
+    _until(done, timeout_s)
+
+
+def _expected_w(step: int, n: int) -> np.ndarray:
+    w = np.arange(8 * n, dtype=np.float32)
+    for _ in range(step + 1):
+        w = w * np.float32(0.5) + np.float32(1.0)
+    return w
+
+
+@pytest.mark.multihost
+@pytest.mark.parametrize("told", [2, 0])
+def test_sigterm_to_one_of_four_training_processes_saves_one_step_on_all(
+    tmp_path: Path, told: int
+) -> None:
+    root, progress = tmp_path / "ckpt", tmp_path / "progress"
+    progress.mkdir()
+    group = ProcessGroup(4, recoverable=True)
+    try:
+        group.submit(f"{T}:train", str(root), str(progress), kwargs={"grace_s": 60})
+        _wait_for_steps(progress, 4, 5)
+        os.kill(group.pids[told], signal.SIGTERM)
+        results = group.collect("train", timeout_s=120)
+    finally:
+        group.close(timeout_s=30)
+    assert group.returncodes == [0, 0, 0, 0]  # the told process too: it left cleanly
+    steps = {r["step"] for r in results}
+    assert len(steps) == 1 and None not in steps, results
+    step = steps.pop()
+    assert step >= 5
+    assert all(r["notice"]["process"] == told for r in results)
+    assert all(r["notice"]["reason"] == "SIGTERM" for r in results)
+    assert all_steps(root) == [step]
+    with AsyncCheckpointer(root) as ckptr:
+        restored = ckptr.restore(step)
+    assert int(restored["step"]) == step
+    np.testing.assert_array_equal(np.asarray(restored["w"]), _expected_w(step, 4))
+
+
+@pytest.mark.multihost
+def test_a_loop_that_ignores_the_notice_is_ended_at_the_deadline(tmp_path: Path) -> None:
+    progress = tmp_path / "progress"
+    progress.mkdir()
+    group = ProcessGroup(1)
+    try:
+        kwargs = {"grace_s": 1.0, "save_on_notice": False}
+        group.submit(f"{T}:train", str(tmp_path / "ckpt"), str(progress), kwargs=kwargs)
+        _wait_for_steps(progress, 1, 2)
+        os.kill(group.pids[0], signal.SIGTERM)
+        ((ok, error),) = group.outcomes(timeout_s=60)
+    finally:
+        group.close(timeout_s=10)
+    assert not ok and "code 143" in error  # nothing agreed was committed: "killed"
+    assert group.returncodes == [143]
+
+
+@pytest.mark.multihost
+def test_a_second_sigterm_ends_the_process_at_once(tmp_path: Path) -> None:
+    progress = tmp_path / "progress"
+    progress.mkdir()
+    group = ProcessGroup(1)
+    try:
+        kwargs = {"grace_s": 600.0, "save_on_notice": False}
+        group.submit(f"{T}:train", str(tmp_path / "ckpt"), str(progress), kwargs=kwargs)
+        _wait_for_steps(progress, 1, 2)
+        os.kill(group.pids[0], signal.SIGTERM)
+        time.sleep(0.5)
+        assert group.alive() == [True]  # the first one is a notice, not a death
+        os.kill(group.pids[0], signal.SIGTERM)
+        ((ok, _),) = group.outcomes(timeout_s=60)
+    finally:
+        group.close(timeout_s=10)
+    assert not ok
+    assert group.returncodes == [-signal.SIGTERM]
