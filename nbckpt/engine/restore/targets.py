@@ -140,6 +140,14 @@ def _weak(x: jax.Array) -> jax.Array:
     return out
 
 
+def _can_weaken() -> bool:
+    try:
+        from jax._src.lax import lax as lax_internal
+    except ImportError:
+        return False
+    return callable(getattr(lax_internal, "_convert_element_type", None))
+
+
 def weaken(value: jax.Array) -> jax.Array:
     """Return ``value`` weakly typed, as the target leaf it restores was.
 
@@ -148,6 +156,10 @@ def weaken(value: jax.Array) -> jax.Array:
     way to mark an array weak (``make_array_from_single_device_arrays`` never does), so
     this uses the conversion jax's own ``jacrev`` uses: one small op on the devices.
     """
+    if not _can_weaken():
+        # A jax without that private conversion: the values are right, only the
+        # weak mark is lost (a training step then compiles once more).
+        return value
     # Under jit, with the leaf's own sharding out: the conversion's ``sharding`` argument
     # refuses specs over a mesh's Explicit axes (``jax.make_mesh``'s default).
     out: jax.Array = jax.jit(_weak, out_shardings=value.sharding)(value)
