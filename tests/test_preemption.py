@@ -22,7 +22,11 @@ from nbckpt.engine.sync.barriers import InProcessClient
 from nbckpt.engine.sync.preemption import NOTICE_KEY, PreemptionWatch
 from nbckpt.errors import BarrierTimeoutError
 from nbckpt.formats.layout import all_steps
+from nbckpt.journal import list_operations, merge_events, read_operation
 from nbckpt.procgroup import ProcessGroup
+from nbckpt.views.answers import op_label
+from nbckpt.views.monitor import view_state
+from nbckpt.widgets.text import what_of
 
 T = "tests.mh_preempt"
 
@@ -114,6 +118,24 @@ def test_a_process_that_never_reports_fails_the_agreement_by_the_deadline() -> N
         watches[0].stop()
 
 
+def test_the_views_say_a_save_was_the_agreed_preemption_step() -> None:
+    told = {"process": 2, "host": "h2", "reason": "SIGTERM", "time": 1.0, "agreed": 57}
+    events = {
+        p: [
+            {"event": "requested", "t": 1.0 + p, "kind": "save", "step": 57, "process_count": 2}
+            | ({"preemption": told} if p == 1 else {}),
+        ]
+        for p in (0, 1)
+    }
+    rec = merge_events("op57", events)
+    assert rec.preemption == told
+    said = " (preemption: process 2 told by SIGTERM)"
+    assert op_label(rec.kind, rec.step, rec.name, rec.preemption) == "save 57" + said
+    assert what_of(view_state(rec)) == "save of step 57" + said
+    plain = merge_events("op58", {0: [{"event": "requested", "t": 1.0, "step": 58}]})
+    assert plain.preemption is None and what_of(view_state(plain)) == "save of step 58"
+
+
 def _wait_for_steps(progress: Path, n: int, at_least: int, timeout_s: float = 120) -> None:
     def done() -> bool:
         marks = [progress / str(p) for p in range(n)]
@@ -152,6 +174,13 @@ def test_sigterm_to_one_of_four_training_processes_saves_one_step_on_all(
     assert all(r["notice"]["process"] == told for r in results)
     assert all(r["notice"]["reason"] == "SIGTERM" for r in results)
     assert all_steps(root) == [step]
+    (op,) = list_operations(root)
+    rec = read_operation(root, op)
+    assert rec.status == "committed" and rec.preemption is not None
+    assert (rec.preemption["process"], rec.preemption["agreed"]) == (told, step)
+    assert op_label(rec.kind, rec.step, rec.name, rec.preemption) == (
+        f"save {step} (preemption: process {told} told by SIGTERM)"
+    )
     with AsyncCheckpointer(root) as ckptr:
         restored = ckptr.restore(step)
     assert int(restored["step"]) == step

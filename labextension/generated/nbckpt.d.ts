@@ -136,6 +136,19 @@ export interface IProcessRecord {
   fault: string | null;
 }
 
+/** Why a save was taken: a process was told to stop, and every process agreed a step. */
+export interface IPreemptionNotice {
+  /** The process that was told (SIGTERM, or `%ckpt_fault preempt`). */
+  process: number;
+  host: string;
+  /** What told it: `SIGTERM`, or the reason given to `PreemptionWatch.notify`. */
+  reason: string;
+  /** When it was told (wall time, seconds). */
+  time: number;
+  /** The step every process agreed to save. */
+  agreed: number;
+}
+
 /** The merged journal of one operation across its processes. */
 export interface IOperationRecord {
   op: string;
@@ -148,6 +161,8 @@ export interface IOperationRecord {
   processes: Record<string, IProcessRecord>;
   name: string | null;
   dead: number[];
+  /** Set when the save was of the step agreed after a preemption notice. */
+  preemption: IPreemptionNotice | null;
 }
 
 /** One process at one barrier wait of a timeline: whom it waited for. */

@@ -27,6 +27,7 @@ from nbckpt.protocol import (
     Status,
     parse_op_id,
 )
+from nbckpt.protocol.views import PreemptionNotice
 from nbckpt.storage import Location
 
 
@@ -92,6 +93,8 @@ class OperationRecord:
     ``name`` is a user barrier's name (None for other kinds); a barrier has no step.
     ``dead`` lists every process reported dead that recorded no end of its own, those
     that recorded nothing at all (and so have no :class:`ProcessRecord`) included.
+    ``preemption`` says who was told to stop when the save was of the step every
+    process agreed after a preemption notice (None otherwise).
     """
 
     op: str
@@ -104,6 +107,8 @@ class OperationRecord:
     processes: dict[int, ProcessRecord]
     name: str | None = None
     dead: list[int] = field(default_factory=list)
+    #: Set when the save was of the step agreed after a preemption notice.
+    preemption: PreemptionNotice | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-able dict (process keys become strings)."""
@@ -258,6 +263,7 @@ def merge_events(
         parsed = parse_op_id(op)
         name = str(named) if named else (parsed.name if parsed is not None else None)
         step = None  # a barrier's journal says 0: it works on no step
+    notices = [e["preemption"] for e in all_events if isinstance(e.get("preemption"), dict)]
     return OperationRecord(
         op=op,
         kind=kind,
@@ -269,6 +275,7 @@ def merge_events(
         processes=procs,
         name=name,
         dead=dead,
+        preemption=notices[0] if notices else None,
     )
 
 

@@ -66,6 +66,7 @@ SHAPES: tuple[type, ...] = (
     views.ProtocolNames,
     PhaseSpan,
     ProcessRecord,
+    views.PreemptionNotice,
     OperationRecord,
     views.BarrierWait,
     views.ProcessDrawing,

@@ -37,12 +37,30 @@ __all__ = [
     "OperationAnswer",
     "OperationSummary",
     "Operations",
+    "PreemptionNotice",
     "ProcessDrawing",
     "ProtocolNames",
     "Roots",
     "Row",
     "TimelineView",
 ]
+
+
+class PreemptionNotice(TypedDict):
+    """Why a save was taken: a process was told to stop, and every process agreed a step.
+
+    The save of the agreed step journals it in its ``requested`` event.
+    """
+
+    #: The process that was told (SIGTERM, or ``%ckpt_fault preempt``).
+    process: int
+    host: str
+    #: What told it: ``SIGTERM``, or the reason given to ``PreemptionWatch.notify``.
+    reason: str
+    #: When it was told (wall time, seconds).
+    time: float
+    #: The step every process agreed to save.
+    agreed: int
 
 
 class ProtocolNames(TypedDict):

@@ -17,9 +17,9 @@ from typing import Any, TypedDict, cast
 from nbckpt.formats.inventory import STATES, Entry, State
 from nbckpt.journal import OperationRecord, list_operations, read_operation
 from nbckpt.protocol import ORBAX_FORMAT, Kind, Status, parse_op_id
-from nbckpt.protocol.views import ActivityOp, EntryAnswer, OperationSummary
+from nbckpt.protocol.views import ActivityOp, EntryAnswer, OperationSummary, PreemptionNotice
 from nbckpt.storage import Location
-from nbckpt.views.timeline import timeline_view
+from nbckpt.views.timeline import preempted, timeline_view
 
 __all__ = [
     "Checkpoints",
@@ -69,10 +69,16 @@ def checkpoints_answer(root: str, now: float, found: Iterable[Entry]) -> Checkpo
     }
 
 
-def op_label(kind: str, step: int | None, name: str | None) -> str:
-    """How a list names an operation: its kind, then a barrier's name or the step."""
+def op_label(
+    kind: str, step: int | None, name: str | None, preemption: PreemptionNotice | None = None
+) -> str:
+    """How a list names an operation: its kind, then a barrier's name or the step.
+
+    The save of a step agreed after a preemption notice says who was told.
+    """
     what = name if name is not None else ("" if step is None else str(step))
-    return f"{kind} {what}" if what else kind
+    label = f"{kind} {what}" if what else kind
+    return label + preempted(preemption)
 
 
 def operation_summary(rec: OperationRecord) -> OperationSummary:
@@ -87,7 +93,7 @@ def operation_summary(rec: OperationRecord) -> OperationSummary:
         "end": rec.end,
         "process_count": rec.process_count,
         "processes_seen": len(rec.processes),
-        "label": op_label(rec.kind, rec.step, rec.name),
+        "label": op_label(rec.kind, rec.step, rec.name, rec.preemption),
     }
 
 
@@ -95,7 +101,10 @@ def operation_answer(rec: OperationRecord, root: str, now: float) -> dict[str, A
     """The merged journal with its timeline's decisions (``OperationAnswer``)."""
     data = rec.to_dict()
     data.update(
-        root=root, time=now, label=op_label(rec.kind, rec.step, rec.name), view=timeline_view(rec)
+        root=root,
+        time=now,
+        label=op_label(rec.kind, rec.step, rec.name, rec.preemption),
+        view=timeline_view(rec),
     )
     return data
 
@@ -156,7 +165,7 @@ class RecentOperations:
                     "name": parsed.name,
                     "status": rec.status,
                     "start": rec.start,
-                    "label": op_label(rec.kind, rec.step, parsed.name),
+                    "label": op_label(rec.kind, rec.step, parsed.name, rec.preemption),
                 }
                 if rec.status not in (Status.RUNNING, Status.NOT_STARTED):
                     if len(self._finished) >= FINISHED_CACHE:

@@ -28,6 +28,7 @@ from nbckpt.protocol import (
     Status,
     barrier_phase,
 )
+from nbckpt.protocol.views import PreemptionNotice
 from nbckpt.session import reads
 from nbckpt.storage import Location
 from nbckpt.views.timeline import everyone_of
@@ -182,6 +183,8 @@ class OperationView:
     process_count: int
     processes: list[ProcessView]
     name: str | None = None
+    #: Set for the save of the step agreed after a preemption notice: who was told.
+    preemption: PreemptionNotice | None = None
 
     @property
     def settled(self) -> bool:
@@ -324,6 +327,7 @@ def view_state(record: OperationRecord) -> OperationView:
         process_count=record.process_count,
         processes=views,
         name=record.name,
+        preemption=record.preemption,
     )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from nbckpt.journal import OperationRecord, PhaseSpan, ProcessRecord
 from nbckpt.protocol import BARRIER_PREFIX, BarrierState, Phase, Status
-from nbckpt.protocol.views import BarrierWait, ProcessDrawing, TimelineView
+from nbckpt.protocol.views import BarrierWait, PreemptionNotice, ProcessDrawing, TimelineView
 
 __all__ = [
     "NOT_FAILED",
@@ -20,6 +20,7 @@ __all__ = [
     "everyone_of",
     "failure_note",
     "latest_time",
+    "preempted",
     "timeline_view",
 ]
 
@@ -65,6 +66,13 @@ def _latest(phases: list[PhaseSpan]) -> float | None:
 def latest_time(record: OperationRecord) -> float | None:
     """The latest wall time the journal's spans show (their starts and ends)."""
     return _latest([s for r in record.processes.values() for s in r.phases])
+
+
+def preempted(preemption: PreemptionNotice | None) -> str:
+    """`` (preemption: process 2 told by SIGTERM)``, or nothing without a notice."""
+    if preemption is None:
+        return ""
+    return f" (preemption: process {preemption['process']} told by {preemption['reason']})"
 
 
 def failure_note(record: OperationRecord, process: int) -> str | None:

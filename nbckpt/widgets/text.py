@@ -13,6 +13,7 @@ from tqdm import tqdm
 from nbckpt.protocol import Kind, Status
 from nbckpt.session import reads
 from nbckpt.views.monitor import JournalTailer, OperationView, ProcessView, settled
+from nbckpt.views.timeline import preempted
 
 __all__ = [
     "FollowNew",
@@ -40,7 +41,7 @@ def what_of(view: OperationView) -> str:
         return f"barrier {view.name!r}" if view.name else str(Kind.BARRIER)
     if view.step is None:
         return str(view.kind) if view.processes else "waiting for the journal of"
-    return f"{view.kind} of step {view.step}"
+    return f"{view.kind} of step {view.step}{preempted(view.preemption)}"
 
 
 def bytes_done(view: OperationView, p: ProcessView) -> int:

@@ -20,6 +20,7 @@ from nbckpt.engine.save.agreement import save_plan
 from nbckpt.engine.save.background import SaveJob, fail, failures
 from nbckpt.engine.save.commit import strategy_for
 from nbckpt.engine.save.snapshot import take_snapshot
+from nbckpt.engine.sync import preemption
 from nbckpt.errors import CheckpointError
 from nbckpt.formats.layout import is_complete, step_dir
 from nbckpt.formats.retention import check_metrics
@@ -85,8 +86,14 @@ def start_save(
     )
     me, n = ctx.sync.process_index, ctx.sync.process_count
     journal = JournalWriter(ctx.root, op, me, Kind.SAVE, step)
+    told = preemption.notice_for(ctx.health.client, step)
     journal.emit(
-        Event.REQUESTED, t=t_requested, process_count=n, primary=ctx.primary, mode=strategy.mode
+        Event.REQUESTED,
+        t=t_requested,
+        process_count=n,
+        primary=ctx.primary,
+        mode=strategy.mode,
+        **({"preemption": told} if told is not None else {}),
     )
     try:
         hooks.fire(Phase.SNAPSHOT)

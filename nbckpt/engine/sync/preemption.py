@@ -44,11 +44,13 @@ from typing import Any
 
 from nbckpt.engine.sync.barriers import SignalingClient
 from nbckpt.errors import BarrierTimeoutError
+from nbckpt.protocol.views import PreemptionNotice
 
 __all__ = [
     "DEFAULT_GRACE_S",
     "NOTICE_KEY",
     "PreemptionWatch",
+    "notice_for",
     "stop_all",
     "watch_for",
 ]
@@ -266,6 +268,22 @@ def watch_for(client: SignalingClient, **options: Any) -> PreemptionWatch:
                 atexit.register(stop_all)
             watch = _watches[id(client)] = PreemptionWatch(client, **options)
         return watch
+
+
+def notice_for(client: SignalingClient, step: int) -> PreemptionNotice | None:
+    """What a save of ``step`` journals when it is the agreed preemption step, else None."""
+    with _watches_lock:
+        watch = _watches.get(id(client))
+    if watch is None or watch._agreed != step or watch.notice is None:
+        return None
+    told = watch.notice
+    return {
+        "process": int(told.get("process", -1)),
+        "host": str(told.get("host", "")),
+        "reason": str(told.get("reason", "")),
+        "time": float(told.get("time", 0.0)),
+        "agreed": step,
+    }
 
 
 def stop_all() -> None:
