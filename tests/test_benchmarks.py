@@ -137,3 +137,15 @@ def test_a_missing_dir_is_one_line_before_any_work(tmp_path, script):
         "under a temporary folder"
     ), run.stderr
     assert not missing.exists()
+
+
+def test_preemption_benchmark_reports_notice_to_commit_and_the_check_cost(tmp_path):
+    script = COMPARE.parent / "preemption.py"
+    cmd = [sys.executable, str(script), "--sizes", "8M", "--reps", "1", "--dir", str(tmp_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = table_rows(proc.stdout, "# Preemption")
+    assert len(rows) == 1 and rows[0][0] == "8 MiB"
+    assert all(re.fullmatch(r"\d+\.\d\d s", cell) for cell in rows[0][1:4]), rows
+    assert rows[0][4] == "30 s"
+    assert re.search(r"`reached_preemption` before a notice: \d+\.\d\d ns per call", proc.stdout)

@@ -108,6 +108,7 @@ class AsyncCheckpointer(CheckpointReader):
         super().__init__(where, options, Context.connect(where, primary, client))
         self._inflight = InFlight(self._ctx.sync, self._ctx.health)
         self._grace_s = check_timeout(preemption_grace_s, "preemption_grace_s")
+        self._watch: preemption.PreemptionWatch | None = None
 
     # -- public API ------------------------------------------------------------------
 
@@ -268,11 +269,13 @@ class AsyncCheckpointer(CheckpointReader):
         ...         ckptr.wait_until_finished()
         ...         break
         """
-        step = _check_step(step)
-        watch = preemption.watch_for(self._ctx.health.client, grace_s=self._grace_s)
-        if watch.committed is None:
-            watch.committed = lambda s: is_complete(step_dir(self.root, s))
-        return watch.reached(step)
+        watch = self._watch
+        if watch is None:
+            watch = preemption.watch_for(self._ctx.health.client, grace_s=self._grace_s)
+            if watch.committed is None:
+                watch.committed = lambda s: is_complete(step_dir(self.root, s))
+            self._watch = watch
+        return watch.reached(_check_step(step))
 
     def wait_until_finished(self) -> None:
         """Block until the save in flight, if any, is committed or failed.
