@@ -488,11 +488,19 @@ def test_non_finite_or_non_positive_timeouts_are_refused(magic, template, value)
         "kill",
         "fail-io --process 1 --at nowhere",
         "explode --process 1",
+        "preempt",
+        "preempt --process 1 --at write",
+        "preempt --process 1 --seconds 2",
     ],
 )
 def test_fault_misuse(line):
     with pytest.raises(UsageError, match="usage: %ckpt_fault"):
         a.parse_fault_args(line)
+
+
+def test_preempt_takes_a_process_only():
+    args = a.parse_fault_args("preempt --process 2")
+    assert (args.action, args.process, args.at, args.seconds) == ("preempt", 2, None, None)
 
 
 @pytest.mark.parametrize(
