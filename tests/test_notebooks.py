@@ -1,5 +1,6 @@
 """Every notebook in notebooks/ runs end to end on a fresh kernel."""
 
+import re
 from pathlib import Path
 
 import nbformat
@@ -38,6 +39,16 @@ def test_notebook_runs(path, tmp_path):
     if path.stem == "07_object_storage":
         assert "rename mode is not available" in joined
         assert "restored from the bucket: True" in joined
+    if path.stem == "08_preemption":
+        assert "process 2: preempt notice sent (SIGTERM)" in joined
+        stopped = re.search(r"all 4 processes stopped at step (\d+)", joined)
+        assert stopped, joined
+        agreed = int(stopped.group(1))
+        assert f"losses up to step {agreed} equal the uninterrupted run: True" in joined
+        assert "every engine has exited: [0, 1, 2, 3]" in joined
+        assert f"resumed at step {agreed + 1}, trained to 39" in joined
+        assert f"step {agreed} restored on 2 processes is bit for bit" in joined
+        assert "resumed losses equal the uninterrupted run: True" in joined
 
 
 def test_every_teaching_notebook_is_there():
@@ -49,4 +60,5 @@ def test_every_teaching_notebook_is_there():
         "05_restore_topology",
         "06_orbax_interop",
         "07_object_storage",
+        "08_preemption",
     ]
