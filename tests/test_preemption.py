@@ -66,6 +66,22 @@ def test_the_agreed_step_is_the_first_one_no_process_has_passed() -> None:
             w.stop()
 
 
+def test_a_process_that_first_checks_after_the_notice_reports_the_step_it_is_at() -> None:
+    watches = _watches(2)
+    try:
+        assert not any(watches[0].reached(s) for s in range(5))
+        watches[0].notify("test")
+        _until(lambda: watches[0].noticed)
+        # Process 1 checks for the first time at step 7, the notice already waiting:
+        # step 7 is passed (False), and the agreed step is one past it.
+        assert watches[1].reached(7) is False
+        assert [watches[0].reached(s) for s in range(5, 9)] == [False, False, False, True]
+        assert watches[1].reached(8) is True
+    finally:
+        for w in watches:
+            w.stop()
+
+
 def _race(trial: int) -> None:
     """Two processes loop while one is told after ``trial`` ms; check every answer."""
     watches = _watches(2)

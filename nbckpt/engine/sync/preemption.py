@@ -122,10 +122,12 @@ class PreemptionWatch:
             Some process did not report its step before the deadline (it is likely
             gone already): the step cannot be agreed.
         """
-        self.start()
         with self._lock:
             self._last = max(self._last, step)
             noticed = self._noticed.is_set()
+        # Started after this step is recorded: a notice already waiting is then
+        # answered with this step passed, never with a step before it.
+        self.start()
         if not noticed:
             return False
         return step >= self.agreed()
