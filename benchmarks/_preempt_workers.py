@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import _workers
+import _workers
 
 
 def build(nbytes: int) -> dict[str, int]:

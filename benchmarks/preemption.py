@@ -37,7 +37,8 @@ sys.path[:0] = [str(REPO)]
 
 from nbckpt.procgroup import ProcessGroup  # noqa: E402
 
-W = "benchmarks._preempt_workers"
+W = "_preempt_workers"
+ENV = {"PYTHONPATH": os.pathsep.join([str(HERE), str(REPO)])}
 GRACE_S = 30.0
 PROCESSES = 4
 TOLD = 1
@@ -63,7 +64,7 @@ def one_run(nbytes: int, where: Path) -> dict[str, float]:
     """One preemption of a 4-process job training a state of ``nbytes``; seconds."""
     root, progress = where / "ckpt", where / "progress"
     progress.mkdir(parents=True)
-    group = ProcessGroup(PROCESSES, recoverable=True)
+    group = ProcessGroup(PROCESSES, recoverable=True, env=ENV)
     try:
         group.run(f"{W}:build", nbytes)
         costs = group.run(f"{W}:check_cost", str(root), 200_000)

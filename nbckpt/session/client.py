@@ -118,6 +118,39 @@ def _arm_fault(
     return {process: list(armed)}
 
 
+def _run_barrier(
+    cluster: JaxCluster,
+    name: str,
+    timeout_s: float,
+    processes: list[int] | None,
+    root: str | None,
+    key: str | None,
+) -> BarrierReport:
+    """:meth:`CheckpointClient.barrier`, on ``cluster``, its arguments checked."""
+    import ipyparallel as ipp
+
+    targets = _targets(cluster.engine_ids, processes)
+    cluster.check_alive()  # a dead engine: one clear line, before anything is sent
+    view = cluster.client.direct_view(targets=targets)
+    try:
+        results = view.apply_async(
+            remote(f"{AGENT}:barrier"),
+            name,
+            timeout_s=timeout_s,
+            processes=processes,
+            root=root,
+            key=key or _call_key(),
+        ).get(timeout=timeout_s + 30)
+    except (ipp.error.RemoteError, ipp.error.EngineError) as e:  # CompositeError too
+        raise engine_errors(e, cluster.ranks, f"barrier {name!r}") from None
+    return BarrierReport(
+        name=name,
+        key=results[0]["key"],
+        entered={r["process"]: r["entered"] for r in results},
+        left={r["process"]: r["left"] for r in results},
+    )
+
+
 def _engine_reports(cluster: JaxCluster, health: dict[int, str]) -> list[Any]:
     """The engines' status reports, when process 0 is alive (else none)."""
     alive = [p for p, h in health.items() if h == "alive"]
@@ -375,29 +408,8 @@ class CheckpointClient:
             If ``timeout_s`` is not a positive number of seconds, or ``processes`` is
             empty or names a process this cluster does not have (nothing is sent).
         """
-        import ipyparallel as ipp
-
         timeout_s = check_timeout(timeout_s, "timeout_s")
-        targets = _targets(self.cluster.engine_ids, processes)
-        self.cluster.check_alive()  # a dead engine: one clear line, before anything is sent
-        view = self.cluster.client.direct_view(targets=targets)
-        try:
-            results = view.apply_async(
-                remote(f"{AGENT}:barrier"),
-                name,
-                timeout_s=timeout_s,
-                processes=processes,
-                root=self.directory,
-                key=key or _call_key(),
-            ).get(timeout=timeout_s + 30)
-        except (ipp.error.RemoteError, ipp.error.EngineError) as e:  # CompositeError too
-            raise engine_errors(e, self.cluster.ranks, f"barrier {name!r}") from None
-        return BarrierReport(
-            name=name,
-            key=results[0]["key"],
-            entered={r["process"]: r["entered"] for r in results},
-            left={r["process"]: r["left"] for r in results},
-        )
+        return _run_barrier(self.cluster, name, timeout_s, processes, self.directory, key)
 
     def fault(
         self,
