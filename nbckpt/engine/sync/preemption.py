@@ -30,6 +30,8 @@ with exit code 0 if the agreed step was committed by then, 143 (killed by SIGTER
 otherwise. A training loop normally exits well before, once its save is durable.
 The handler is installed by the first call to :meth:`~PreemptionWatch.reached` on
 the main thread: a process that never checks for preemption keeps SIGTERM's default.
+It stays until the process leaves the job (:func:`stop_all`, which
+:func:`nbckpt.engine.sync.process.shutdown` and interpreter exit call).
 """
 
 from __future__ import annotations
