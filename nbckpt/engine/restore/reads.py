@@ -393,13 +393,7 @@ class LeafRead:
         """Return the restored leaf: a Python number, a host array or a jax array."""
         meta = self.meta
         if meta["kind"] == "scalar":
-            value = meta["value"]
-            py_type = meta.get("py_type")
-            # Returned as the number it was, whatever the target's dtype: nothing is
-            # converted, so a weak target's exactness (``exact``) has nothing to check.
-            if py_type == "complex":
-                return complex(value[0], value[1])
-            return {"bool": bool, "int": int, "float": float}.get(py_type or "", lambda v: v)(value)
+            return _number(meta)
         if self.sharding is None:
             host = self.placed[0]
             value = host.item() if meta.get("python_scalar") else host
@@ -412,6 +406,19 @@ class LeafRead:
             # A typed PRNG key, stored as its key data.
             return jax.random.wrap_key_data(value, impl=meta["key_impl"])
         return value
+
+
+def _number(meta: dict[str, Any]) -> Any:
+    """A leaf saved as a Python number, as the number it was.
+
+    Whatever the target's dtype: nothing is converted, so a weak target's exactness
+    (``exact``) has nothing to check.
+    """
+    value = meta["value"]
+    py_type = meta.get("py_type")
+    if py_type == "complex":
+        return complex(value[0], value[1])
+    return {"bool": bool, "int": int, "float": float}.get(py_type or "", lambda v: v)(value)
 
 
 def _read_failed(leaf: LeafRead, e: Exception, box: Box) -> Exception:
