@@ -197,6 +197,12 @@ def test_sigterm_to_one_of_four_training_processes_saves_one_step_on_all(
     assert op_label(rec.kind, rec.step, rec.name, rec.preemption) == (
         f"save {step} (preemption: process {told} told by SIGTERM)"
     )
+    # Each process journaled that it may stop, and the views say it.
+    assert all(
+        [e["event"] for e in rec.processes[p].events][-1] == "preemption_saved" for p in range(4)
+    )
+    notes = [v.note for v in view_state(rec).processes]
+    assert notes == ["the agreed preemption step is committed: this process stops"] * 4
     with AsyncCheckpointer(root) as ckptr:
         restored = ckptr.restore(step)
     assert int(restored["step"]) == step

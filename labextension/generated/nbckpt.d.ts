@@ -29,7 +29,8 @@ export type Event =
   | 'read_started'
   | 'read_progress'
   | 'read_done'
-  | 'restored';
+  | 'restored'
+  | 'preemption_saved';
 
 /** The kinds of operation that get a journal. */
 export type Kind = 'save' | 'restore' | 'barrier';

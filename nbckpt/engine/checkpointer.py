@@ -24,7 +24,7 @@ from nbckpt.engine.sync.barriers import SignalingClient
 from nbckpt.engine.sync.preemption import DEFAULT_GRACE_S
 from nbckpt.formats.layout import is_complete, step_dir
 from nbckpt.formats.retention import BestMode, RetentionPolicy
-from nbckpt.protocol import DEFAULT_SAVE_TIMEOUT_S, Mode, check_timeout
+from nbckpt.protocol import DEFAULT_SAVE_TIMEOUT_S, Event, Mode, check_timeout
 from nbckpt.storage import Location
 
 __all__ = ["AsyncCheckpointer", "CheckpointerOptions"]
@@ -105,6 +105,7 @@ class AsyncCheckpointer(CheckpointSaver):
         super().__init__(where, options, Context.connect(where, primary, client))
         self._grace_s = check_timeout(preemption_grace_s, "preemption_grace_s")
         self._watch: preemption.PreemptionWatch | None = None
+        self._preemption_saved = False
 
     # -- public API ------------------------------------------------------------------
 
@@ -152,6 +153,28 @@ class AsyncCheckpointer(CheckpointSaver):
                 watch.committed = lambda s: is_complete(step_dir(self.root, s))
             self._watch = watch
         return watch.reached(_check_step(step))
+
+    def wait_until_finished(self) -> None:
+        """Block until the save in flight, if any, is committed or failed.
+
+        Once the save of the step agreed after a preemption notice is committed, its
+        journal says so for this process (``preemption_saved``): it may stop.
+
+        Raises
+        ------
+        CheckpointError
+            If that save failed (the error is then cleared), or if this process lost
+            the coordination service while it waited: the save then cannot finish, and
+            this process cannot rejoin the job.
+        """
+        super().wait_until_finished()
+        job, watch = self._inflight.job, self._watch
+        if job is None or watch is None or self._preemption_saved:
+            return
+        told = preemption.notice_for(self._ctx.health.client, job.step)
+        if told is not None and is_complete(step_dir(self.root, job.step)):
+            self._preemption_saved = True
+            job.journal.emit(Event.PREEMPTION_SAVED, preemption=told)
 
     def close(self) -> None:
         """Wait for the save in flight and stop accepting calls.

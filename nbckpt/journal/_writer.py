@@ -34,7 +34,14 @@ FLUSH_INTERVAL_S = 0.25
 #: Events written at once on an object store: the end of an operation or a failure,
 #: which a process may not live long enough to flush later.
 URGENT: frozenset[str] = frozenset(
-    {Event.COMMITTED, Event.FAILED, Event.RESTORED, Event.FINALIZED, Event.READ_DONE}
+    {
+        Event.COMMITTED,
+        Event.FAILED,
+        Event.RESTORED,
+        Event.FINALIZED,
+        Event.READ_DONE,
+        Event.PREEMPTION_SAVED,
+    }
 )
 
 

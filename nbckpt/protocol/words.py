@@ -130,7 +130,9 @@ class Event(StrEnum):
 
     Restores use ``requested``, ``read_started``, ``read_progress``, ``read_done`` and
     ``restored``; ``write_progress`` repeats while shards are written, and
-    ``read_progress`` while a restore reads them (``bytes`` done of ``total``).
+    ``read_progress`` while a restore reads them (``bytes`` done of ``total``). A save
+    of the step agreed after a preemption notice ends, on each process that waited for
+    it, with ``preemption_saved``: the process may now stop.
     """
 
     REQUESTED = "requested"
@@ -149,6 +151,7 @@ class Event(StrEnum):
     READ_PROGRESS = "read_progress"
     READ_DONE = "read_done"
     RESTORED = "restored"
+    PREEMPTION_SAVED = "preemption_saved"
 
 
 #: (start event, end event, phase) of each span a view draws, of any kind; barrier

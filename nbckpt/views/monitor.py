@@ -317,6 +317,8 @@ def view_state(record: OperationRecord) -> OperationView:
             v.note = _dead_note(v, record.start, found is not None and found.unreachable)
         elif not v.own_data:
             v.note = _replica_note([w for w in writers if w != v.process], record.status)
+        elif found is not None and _events_at(found, Event.PREEMPTION_SAVED):
+            v.note = "the agreed preemption step is committed: this process stops"
     return OperationView(
         op=record.op,
         kind=record.kind,
