@@ -148,14 +148,19 @@ def test_engine_never_imports_the_kernel_side() -> None:
 
 
 def _every_import(path: Path) -> set[str]:
-    """Every nbckpt module ``path`` names in an import, at module level or in a function."""
+    """Every nbckpt module ``path`` imports, at module level or in a function.
+
+    ``from pkg import module`` names the module; ``from pkg import name``, the package.
+    """
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            found.add(node.module)
-    return {m for m in found if m.startswith("nbckpt")}
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                found.add(full if full in MODULES else node.module)
+    return {m for m in found if m in MODULES}
 
 
 def test_magics_reach_nbckpt_through_the_session_only() -> None:
@@ -176,26 +181,13 @@ def test_magics_reach_nbckpt_through_the_session_only() -> None:
     assert {k: v for k, v in crossing.items() if v} == {}
 
 
-def _every_import_resolved(path: Path) -> set[str]:
-    """Like :func:`_every_import`, with ``from pkg import module`` naming the module."""
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            for alias in node.names:
-                full = f"{node.module}.{alias.name}"
-                found.add(full if full in MODULES else node.module)
-    return {m for m in found if m in MODULES}
-
-
 def test_formats_and_restore_have_no_cycle_even_inside_functions() -> None:
     # Restore once picked Orbax's reader through a function-level import of a module
     # that imported it back; the registry of layouts (nbckpt.formats.registry) and the
     # shared target checks (nbckpt.engine.restore.targets) replaced that.
     areas = ("nbckpt.formats", "nbckpt.engine.restore")
     graph = {
-        name: {m for m in _every_import_resolved(path) if m.startswith(areas) and m != name}
+        name: {m for m in _every_import(path) if m.startswith(areas) and m != name}
         for name, path in MODULES.items()
         if name.startswith(areas)
     }

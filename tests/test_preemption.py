@@ -209,16 +209,26 @@ def test_sigterm_to_one_of_four_training_processes_saves_one_step_on_all(
     np.testing.assert_array_equal(np.asarray(restored["w"]), _expected_w(step, 4))
 
 
-@pytest.mark.multihost
-def test_a_loop_that_ignores_the_notice_is_ended_at_the_deadline(tmp_path: Path) -> None:
+def _told_loop_that_ignores_it(tmp_path: Path, grace_s: float) -> ProcessGroup:
+    """One process training without saving on notice, once SIGTERM has been sent it."""
     progress = tmp_path / "progress"
     progress.mkdir()
     group = ProcessGroup(1)
     try:
-        kwargs = {"grace_s": 1.0, "save_on_notice": False}
+        kwargs = {"grace_s": grace_s, "save_on_notice": False}
         group.submit(f"{T}:train", str(tmp_path / "ckpt"), str(progress), kwargs=kwargs)
         _wait_for_steps(progress, 1, 2)
         os.kill(group.pids[0], signal.SIGTERM)
+    except BaseException:
+        group.close(timeout_s=10)
+        raise
+    return group
+
+
+@pytest.mark.multihost
+def test_a_loop_that_ignores_the_notice_is_ended_at_the_deadline(tmp_path: Path) -> None:
+    group = _told_loop_that_ignores_it(tmp_path, grace_s=1.0)
+    try:
         ((ok, error),) = group.outcomes(timeout_s=60)
     finally:
         group.close(timeout_s=10)
@@ -228,14 +238,8 @@ def test_a_loop_that_ignores_the_notice_is_ended_at_the_deadline(tmp_path: Path)
 
 @pytest.mark.multihost
 def test_a_second_sigterm_ends_the_process_at_once(tmp_path: Path) -> None:
-    progress = tmp_path / "progress"
-    progress.mkdir()
-    group = ProcessGroup(1)
+    group = _told_loop_that_ignores_it(tmp_path, grace_s=600.0)
     try:
-        kwargs = {"grace_s": 600.0, "save_on_notice": False}
-        group.submit(f"{T}:train", str(tmp_path / "ckpt"), str(progress), kwargs=kwargs)
-        _wait_for_steps(progress, 1, 2)
-        os.kill(group.pids[0], signal.SIGTERM)
         time.sleep(0.5)
         assert group.alive() == [True]  # the first one is a notice, not a death
         os.kill(group.pids[0], signal.SIGTERM)

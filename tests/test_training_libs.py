@@ -25,28 +25,9 @@ from flax import nnx, struct
 
 from nbckpt.engine import AsyncCheckpointer
 from nbckpt.engine.restore.step import restore_step
+from tests.test_training_state import _same
 
 _ONE = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-
-
-def _same(a: Any, b: Any) -> bool:
-    """Equal structure, dtypes and values (typed keys compared by their data)."""
-
-    def data(x: Any) -> Any:
-        if not hasattr(x, "dtype"):
-            return (type(x), x)  # a Python number
-        if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
-            return ("key", np.asarray(jax.random.key_data(x)))
-        return (x.dtype, np.asarray(x))
-
-    def equal(x: Any, y: Any) -> bool:
-        (kx, vx), (ky, vy) = data(x), data(y)
-        return bool(kx == ky and np.array_equal(vx, vy))
-
-    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
-    return jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b) and all(
-        equal(x, y) for x, y in zip(la, lb, strict=True)
-    )
 
 
 def _abstract(make: Any) -> Any:
