@@ -9,6 +9,7 @@ named (``"nbckpt.engine.remote.agent:save_var"``) and imported on the engines.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Mapping
@@ -104,8 +105,12 @@ def _arm_fault(
     cluster.check_alive()
     if kind == "preempt":
         # Through the engine's nanny, not a queued call: a loop keeps the engine busy.
-        cluster.client.send_signal("SIGTERM", targets=[cluster.engine_ids[process]], block=True)
-        return {process: ["preempt notice sent (SIGTERM)"]}
+        # An engine started without a nanny cannot take a signal request: it is asked
+        # itself below, which reaches it only once its current cell is done.
+        with contextlib.suppress(ipp.error.RemoteError, ipp.error.EngineError, OSError):
+            engine_id = cluster.engine_ids[process]
+            cluster.client.send_signal("SIGTERM", targets=[engine_id], block=True)
+            return {process: ["preempt notice sent (SIGTERM)"]}
     engine = cluster.client[cluster.engine_ids[process]]
     ar = engine.apply_async(fault, kind, at=at, seconds=seconds, factor=factor)
     try:
