@@ -119,7 +119,9 @@ class PreemptionWatch:
 
         Call it at every step boundary, with increasing steps, on every process. It is
         False until a notice reaches this process and the processes agree, then True
-        at the agreed step (and at any later step, should a loop skip it).
+        at the agreed step (and at any later step, should a loop skip it). A process
+        that has never called it has no watcher to report its step: until its first
+        call the others wait for it, up to the grace period.
 
         Raises
         ------
