@@ -37,7 +37,9 @@ class AsyncCheckpointer(CheckpointSaver):
     barriers and the atomic commit run on a background thread. Every process of the
     job must make the same calls in the same order. Use one checkpointer per root in a
     process: it runs one save at a time, so saves to the root never overlap.
-    :meth:`restore`, :meth:`restore_from` and :meth:`should_save` are its read side's
+    :meth:`save`, :meth:`save_from` and :meth:`wait_until_finished` are its save
+    side's (:class:`~nbckpt.engine.saver.CheckpointSaver`); :meth:`restore`,
+    :meth:`restore_from` and :meth:`should_save` its read side's
     (:class:`~nbckpt.engine.reader.CheckpointReader`); a restore waits for the save in
     flight first.
 
