@@ -25,6 +25,7 @@ GROUPED = {
     "BarrierTimeoutError": (PeerError, TimeoutError),
     "PeerFailedError": (PeerError,),
     "PeerDeadError": (PeerError,),
+    "PeerTransferError": (PeerError,),
     "StorageError": (StorageAccessError, OSError),
     "RootNotWritableError": (StorageAccessError, PermissionError),
     "CorruptCheckpointError": (CheckpointDataError, ValueError),
@@ -68,6 +69,10 @@ def test_peer_errors_carry_each_process_cause_and_keep_their_message():
     assert sorted(e.failures) == [1, 3] and "did not arrive" in e.failures[1]
     e = errs.PeerDeadError([1, 2], "write", 3.0, unreachable={2: "hung"})
     assert e.failures == {1: "died", 2: "hung"}
+    e = errs.PeerTransferError("h:1", "fetch of 'a'", "peer answered missing: a", missing=["a"])
+    assert str(e) == "peer h:1: fetch of 'a' failed: peer answered missing: a"
+    back = pickle.loads(pickle.dumps(e))
+    assert (str(back), back.missing, back.address) == (str(e), ["a"], "h:1")
 
 
 def test_job_errors_carry_failures():

@@ -41,6 +41,7 @@ def test_top_level_public_names_are_pinned():
         "NbckptError",
         "PeerDeadError",
         "PeerFailedError",
+        "PeerTransferError",
         "RenameUnavailableError",
         "RollbackRefusedError",
         "RootNotWritableError",

@@ -15,7 +15,8 @@ notebook-side code can catch them without importing it::
     ├── PeerError                             another process failed, died or timed out
     │   ├── BarrierTimeoutError (TimeoutError)
     │   ├── PeerFailedError                   a peer failed (its error is the reason)
-    │   └── PeerDeadError                     a peer died or became unreachable
+    │   ├── PeerDeadError                     a peer died or became unreachable
+    │   └── PeerTransferError                 a peer did not send the files asked of it
     ├── StorageAccessError                    the store refused or failed a request
     │   ├── StorageError (OSError)            the store failed a request (object stores)
     │   └── RootNotWritableError (PermissionError)
@@ -58,7 +59,12 @@ from nbckpt.errors._data import (
     StepBusyError,
     StepNotFoundError,
 )
-from nbckpt.errors._peer import BarrierTimeoutError, PeerDeadError, PeerFailedError
+from nbckpt.errors._peer import (
+    BarrierTimeoutError,
+    PeerDeadError,
+    PeerFailedError,
+    PeerTransferError,
+)
 from nbckpt.errors._storage import RootNotWritableError, StorageError
 from nbckpt.errors._usage import (
     CommitRefusedError,
@@ -89,6 +95,7 @@ __all__ = [
     "NbckptError",
     "PeerDeadError",
     "PeerFailedError",
+    "PeerTransferError",
     "RollbackRefusedError",
     "RootNotWritableError",
     "SaveFailedError",

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from nbckpt.errors._base import PeerError, who
 
-__all__ = ["BarrierTimeoutError", "PeerDeadError", "PeerFailedError"]
+__all__ = ["BarrierTimeoutError", "PeerDeadError", "PeerFailedError", "PeerTransferError"]
 
 
 class BarrierTimeoutError(PeerError, TimeoutError):
@@ -166,3 +166,48 @@ class PeerDeadError(PeerError):
         if self.cut_off:
             return text + f"check this host's network link; the job cannot continue: {restart}"
         return text + f"check the network between the hosts; the job cannot continue: {restart}"
+
+
+class PeerTransferError(PeerError):
+    """A peer did not send what was asked of it, so nothing of it was taken.
+
+    Raised by the local tier's transport (:mod:`nbckpt.engine.tiers.peers`) whatever
+    went wrong: the connection refused, reset or timed out, the keys differ, the peer
+    refused a path or lacks a file. Files already received whole stay in place; a
+    partly received one is removed. Fetch the rest from another peer, or from the
+    shared storage.
+
+    Parameters
+    ----------
+    address
+        The peer, as ``host:port``.
+    request
+        What was asked, in words: ``"fetch of 'step_4/a'"``, ``"list of 'step_4'"``.
+    reason
+        Why it failed: ``"timed out after 30 s"``, ``"authentication failed: ..."``,
+        ``"peer answered missing: step_4/a"``, ``"path refused: ..."``.
+    missing
+        The paths the peer answered it lacks, as data; empty for other failures.
+    """
+
+    def __init__(
+        self, address: str, request: str, reason: str, *, missing: Sequence[str] = ()
+    ) -> None:
+        self.address = address
+        self.request = request
+        self.reason = reason
+        self.missing = list(missing)
+        super().__init__(f"peer {address}: {request} failed: {reason}")
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Rebuilt from its parts: a transfer fails inside an engine, and may be pickled.
+        return (
+            _transfer_error,
+            (self.address, self.request, self.reason, self.missing),
+        )
+
+
+def _transfer_error(
+    address: str, request: str, reason: str, missing: Sequence[str]
+) -> PeerTransferError:
+    return PeerTransferError(address, request, reason, missing=missing)
