@@ -27,6 +27,11 @@ def fmt_size(n: int) -> str:
     return f"{n}B"
 
 
+def leaf_bytes(spec: Spec) -> int:
+    """A leaf's bytes."""
+    return math.prod(spec[1]) * spec[2].itemsize
+
+
 def fsdp_specs(nbytes: int, n: int) -> list[Spec]:
     """8 large leaves, float32 and bfloat16, of ``nbytes`` in all (``n`` devices)."""
     import jax.numpy as jnp
@@ -89,49 +94,44 @@ class State:
         self.shardings = [NamedSharding(mesh, sharded if s[3] else replicated) for s in specs]
         self.name, self.specs, self.scalars = name, specs, dict(scalars or {})
         self.label = f"{name} {fmt_size(nbytes)}"
-        self.nbytes = sum(math.prod(s[1]) * s[2].itemsize for s in specs)
+        self.nbytes = sum(leaf_bytes(s) for s in specs)
         self.figures: dict[str, list[float]] = {}
         self.rep_seconds: list[float] = []
-        # Small leaves are slices of one random vector per dtype: one random op per
-        # leaf would take XLA half a minute to compile for the small state.
-        pools: dict[np.dtype[Any], list[int]] = {}
-        for i, (_, shape, dtype, _) in enumerate(specs):
-            if math.prod(shape) * dtype.itemsize <= POOL_MAX_BYTES:
-                pools.setdefault(dtype, []).append(i)
-
-        def random(key: Any, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
-            if dtype.kind == "i":
-                return jax.random.randint(key, shape, 0, 2**31 - 1, dtype)
-            return jax.random.uniform(key, shape, dtype)
+        # Large leaves are made by jax.random on the device; small ones (<= 1 MiB) by
+        # NumPy and put there in one call: one random op per small leaf would take XLA
+        # half a minute to compile for the small state, their slices of one vector 6 s.
+        self._small = [i for i, s in enumerate(specs) if leaf_bytes(s) <= POOL_MAX_BYTES]
+        self._large = [i for i in range(len(specs)) if i not in self._small]
 
         def gen(seed: Any) -> list[Any]:
             key = jax.random.key(seed)
-            out = [
-                None
-                if any(i in p for p in pools.values())
-                else random(jax.random.fold_in(key, i), shape, dtype)
-                for i, (_, shape, dtype, _) in enumerate(specs)
+            return [
+                jax.random.uniform(jax.random.fold_in(key, i), specs[i][1], specs[i][2])
+                for i in self._large
             ]
-            for j, (dtype, members) in enumerate(pools.items()):
-                sizes = [math.prod(specs[i][1]) for i in members]
-                flat = random(jax.random.fold_in(key, len(specs) + j), (sum(sizes),), dtype)
-                offsets = np.cumsum([0, *sizes])
-                for i, start, stop in zip(members, offsets[:-1], offsets[1:], strict=True):
-                    out[i] = flat[int(start) : int(stop)].reshape(specs[i][1])
-            return out
 
-        def same(a: list[Any], b: list[Any]) -> Any:
+        def same(a: tuple[Any, ...], b: tuple[Any, ...]) -> Any:
             return jnp.all(jnp.stack([jnp.array_equal(x, y) for x, y in zip(a, b, strict=True)]))
 
-        self._gen = jax.jit(gen, out_shardings=self.shardings)
+        self._gen = jax.jit(gen, out_shardings=[self.shardings[i] for i in self._large])
         self._same = jax.jit(same)
 
     def fresh(self, seed: int) -> dict[str, Any]:
         """A new state with random values (on the device, ready)."""
         import jax
 
-        arrays = jax.block_until_ready(self._gen(np.uint32(seed)))
-        pairs = [(s[0], a) for s, a in zip(self.specs, arrays, strict=True)]
+        rng = np.random.default_rng(seed)
+        host = [
+            np.asarray(rng.integers(0, 2**31 - 1, size=shape), dtype)
+            if dtype.kind == "i"
+            else np.asarray(rng.random(shape, np.float32), dtype)
+            for _, shape, dtype, _ in (self.specs[i] for i in self._small)
+        ]
+        small = jax.device_put(host, [self.shardings[i] for i in self._small])
+        arrays = jax.block_until_ready([*self._gen(np.uint32(seed)), *small])
+        pairs = [
+            (self.specs[i][0], a) for i, a in zip(self._large + self._small, arrays, strict=True)
+        ]
         return nest(pairs + list(self.scalars.items()))
 
     def target(self) -> dict[str, Any]:
@@ -161,7 +161,13 @@ class State:
             elif not g.sharding.is_equivalent_to(w.sharding, w.ndim):
                 raise AssertionError(f"{where}: sharding {g.sharding}, saved {w.sharding}")
         arrays = [(w, g) for w, g in pairs if isinstance(w, jax.Array)]
-        if not bool(self._same([w for w, _ in arrays], [g for _, g in arrays])):
+        large = [(w, g) for w, g in arrays if w.nbytes > POOL_MAX_BYTES]
+        # The large leaves compared on the device, the small ones (a few MiB) here.
+        if (large and not bool(self._same(*zip(*large, strict=True)))) or not all(
+            np.array_equal(np.asarray(w), np.asarray(g))
+            for w, g in arrays
+            if w.nbytes <= POOL_MAX_BYTES
+        ):
             raise AssertionError(f"{where}: the values differ from the saved ones")
 
 

@@ -382,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
                 return {}
 
         # Imports, thread pools and compiled helpers on a tiny state, untimed.
-        warm = State("warm-up", 2**20, fsdp_specs(2**20, n))
+        warm = State("warm-up", 2**24, fsdp_specs(2**24, n))
         for name in list(systems):
             run(name, warm, 0)
         log(f"warm-up done at {time.monotonic() - t_start:.1f} s")
