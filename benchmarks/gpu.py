@@ -9,21 +9,18 @@ On the device machine, from the repository root, with the wheels of ``.whl/`` th
 
 Here, on the CPU: ``.venv/bin/python benchmarks/gpu.py --quick`` (16 MiB, 1 repetition).
 
-One process, no ``jax.distributed`` (nbckpt uses its in-process client for one process),
-on whatever platform jax picks. States, with random values made on the device: ``fsdp``
-(8 leaves, float32 and bfloat16 alternating, sharded over a 1-D mesh of all devices) at
-each of ``--sizes``, and ``small`` (an optimizer-like tree: 6 large leaves, 384 of 1-64
-KiB, 0-d arrays and Python scalars) at ``--small-size``. Each repetition, in an order
-that rotates, on a fresh state (a jax array caches its host copy): the device-to-host
-copy of every shard (``copy_to_host_async`` then ``np.asarray``, what nbckpt's snapshot
-does: the floor of its blocking time); nbckpt (``save`` returns, then
-``wait_until_finished``; cold restore into the same shardings); Orbax
-(``AsyncCheckpointer(StandardCheckpointHandler())``, its defaults; cold restore); plain
-files (the same bytes from host memory into one file, ``fdatasync``, then read back by
-4 threads into reused buffers). The page cache is dropped before every read. Restored
-values are compared on the device with the saved ones. Repetitions run state by state,
-round by round, and stop at ``--budget`` seconds; at ``--timeout`` whatever was measured
-is printed and the process exits. The last line: ``RESULT gpu=... size=... ...``.
+One process (no ``jax.distributed``: nbckpt uses its in-process client), on the platform
+jax picks. The states (``_gpu_states``): ``fsdp`` at each of ``--sizes``, ``small``
+(hundreds of small leaves) at ``--small-size``. Each repetition, in a rotating order and
+each on a fresh state: the device-to-host copy of every shard (``copy_to_host_async``
+then ``np.asarray``, as nbckpt's snapshot does: the floor of its blocking time); nbckpt
+(``save`` returns, ``wait_until_finished``, cold restore into the same shardings);
+Orbax (``AsyncCheckpointer(StandardCheckpointHandler())``, its defaults; cold restore);
+plain files (the same bytes from host memory into one file, ``fdatasync``; read back
+by 4 threads into reused buffers). The page cache is dropped before every read, and
+every restore is checked against the saved values. Repetitions go round by round over
+the states; none starts past ``--budget`` seconds, and at ``--timeout`` what was
+measured is printed and the process exits. The last line is ``RESULT gpu=...``.
 """
 
 from __future__ import annotations
@@ -386,26 +383,26 @@ def main(argv: list[str] | None = None) -> int:
         for name in list(systems):
             run(name, warm, 0)
         log(f"warm-up done at {time.monotonic() - t_start:.1f} s")
-        deadline, last = t_start + args.budget, None
+        deadline = t_start + args.budget
         # Round by round, so that every state has a figure before any has three.
         for rep in range(args.reps):
             for st in states:
                 # Skip a rep likely to end past the budget: one as long as this state's
-                # longest, or the last state's scaled to this one's bytes.
-                guess = max(st.rep_seconds, default=0.0)
-                if last is not None and not st.rep_seconds:
-                    guess = max(last.rep_seconds) * st.nbytes / last.nbytes
+                # longest, or as the largest measured state's scaled up to these bytes.
+                ref = max((s for s in states if s.rep_seconds), key=lambda s: s.nbytes, default=st)
+                scale = 1.0 if st.rep_seconds else max(1.0, st.nbytes / ref.nbytes)
+                guess = max(st.rep_seconds or ref.rep_seconds or [0.0]) * scale
                 if time.monotonic() + guess > deadline:
                     log(f"{st.label} rep {rep + 1}: skipped (about {guess:.0f} s, over budget)")
                     continue
                 t0, got = time.monotonic(), dict[str, float]()
                 order = list(systems)
                 for i in range(len(order)):
-                    got |= run(order[(rep + i) % len(order)], st, rep * 10 + i)
-                for k, v in got.items():
-                    st.figures.setdefault(k, []).append(v)
+                    one = run(order[(rep + i) % len(order)], st, rep * 10 + i)
+                    for k, v in one.items():  # kept at once: a timeout reports them
+                        st.figures.setdefault(k, []).append(v)
+                    got |= one
                 st.rep_seconds.append(time.monotonic() - t0)
-                last = st
                 text = ", ".join(f"{k} {v:.3f}" for k, v in got.items())
                 log(f"{st.label} rep {rep + 1}/{args.reps} ({st.rep_seconds[-1]:.1f} s): {text}")
     finally:
