@@ -352,6 +352,8 @@ def main(argv: list[str] | None = None) -> int:
             log(f"{key}: {meta[key]}")
         log(f"root: {base} ({shutil.disk_usage(base).free / 2**30:.0f} GiB free)")
         log("jax.distributed: not initialised (one process: nbckpt uses its in-process client)")
+        if jax.default_backend() == "cpu" and not args.quick:
+            log("WARNING: jax found no accelerator: these are CPU figures")
         n = jax.device_count()
         for size in dict.fromkeys(parse_size(s) for s in args.sizes.split(",") if s):
             states.append(State("fsdp", size, fsdp_specs(size, n)))
