@@ -119,21 +119,24 @@ class Bench:
         import jax
 
         tree, path = st.fresh(seed), self.base / f"{who}-{seed}"
-        save, wait, restore = ops(path)
-        t0 = time.perf_counter()
-        save(tree)
-        block = time.perf_counter() - t0
-        wait()
-        durable = time.perf_counter() - t0
-        self.cold(path)
-        target = st.target()
-        t0 = time.perf_counter()
-        out = jax.block_until_ready(restore(target))
-        seconds = time.perf_counter() - t0
-        st.verify(tree, out, who)
-        free(tree, out)
-        shutil.rmtree(path, ignore_errors=True)
-        os.sync()
+        try:
+            save, wait, restore = ops(path)
+            t0 = time.perf_counter()
+            save(tree)
+            block = time.perf_counter() - t0
+            wait()
+            durable = time.perf_counter() - t0
+            self.cold(path)
+            target = st.target()
+            t0 = time.perf_counter()
+            out = jax.block_until_ready(restore(target))
+            seconds = time.perf_counter() - t0
+            st.verify(tree, out, who)
+            free(out)
+        finally:
+            free(tree)
+            shutil.rmtree(path, ignore_errors=True)
+            os.sync()
         return block, durable, seconds
 
     def nbckpt(self, st: State, seed: int) -> dict[str, float]:
@@ -350,13 +353,16 @@ def main(argv: list[str] | None = None) -> int:
         meta.update(describe())
         for key in ("devices", "python", "versions", "nbckpt_commit", "nbckpt_checksum"):
             log(f"{key}: {meta[key]}")
-        log(f"root: {base} ({shutil.disk_usage(base).free / 2**30:.0f} GiB free)")
+        free_gib = shutil.disk_usage(base).free / 2**30
+        log(f"root: {base} ({free_gib:.0f} GiB free)")
         log("jax.distributed: not initialised (one process: nbckpt uses its in-process client)")
         if jax.default_backend() == "cpu" and not args.quick:
             log("WARNING: jax found no accelerator: these are CPU figures")
         n = jax.device_count()
         for size in dict.fromkeys(parse_size(s) for s in args.sizes.split(",") if s):
             states.append(State("fsdp", size, fsdp_specs(size, n)))
+        if free_gib < 2.5 * max(st.nbytes for st in states) / 2**30:
+            log("WARNING: the disk may fill: one checkpoint at a time is kept, pick --root")
         small = parse_size(args.small_size)
         states.insert(0, State("small", small, small_specs(small, n), SMALL_SCALARS))
         systems: dict[str, Callable[[State, int], dict[str, float]]] = {
