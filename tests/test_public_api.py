@@ -172,12 +172,14 @@ def test_async_checkpointer_public_methods_are_pinned(tmp_path):
         "save": "(self, step: 'int', tree: 'Any', *, force: 'bool' = False, "
         "key: 'str | None' = None, mode: 'Mode | None' = None, "
         "timeout_s: 'float | None' = None, metrics: 'Mapping[str, Any] | None' = None, "
-        "format: 'str | None' = None) -> 'None'",
+        "format: 'str | None' = None, persistent: 'bool | None' = None) -> 'None'",
         "save_from": "(self, get_tree: 'Callable[[], Any]', step: 'int', *, force: 'bool' = False, "
         "key: 'str | None' = None, mode: 'Mode | None' = None, "
         "timeout_s: 'float | None' = None, metrics: 'Mapping[str, Any] | None' = None, "
-        "format: 'str | None' = None) -> 'None'",
+        "format: 'str | None' = None, persistent: 'bool | None' = None) -> 'None'",
         "set_retention": "(self, policy: 'RetentionPolicy') -> 'None'",
+        "set_tiers": "(self, *, local_dir: 'str | os.PathLike[str] | None' = None, "
+        "local_replicas: 'int' = 1, persistent_every: 'int' = 1, local_keep: 'int' = 2) -> 'None'",
         "should_save": "(self, step: 'int') -> 'bool'",
         "wait_until_finished": "(self) -> 'None'",
     }

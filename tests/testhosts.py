@@ -90,6 +90,10 @@ class TestHosts:
         Put this machine on the network too, at the subnet's last address
         (:attr:`gateway`), as the notebook's host: then a controller here can listen
         where the hosts reach it, and ``ssh`` from here reaches the hosts.
+    shm
+        Give each host its own ``/dev/shm``: a tmpfs in a mount namespace of its own,
+        held (bound to a file) for the host's lifetime, so that every process started
+        on the host shares it and no other host sees it. :meth:`replace` loses it.
 
     Examples
     --------
@@ -99,7 +103,9 @@ class TestHosts:
 
     __test__ = False  # a fixture, not a test class
 
-    def __init__(self, n: int, *, loopback_names: bool = False, gateway: bool = False) -> None:
+    def __init__(
+        self, n: int, *, loopback_names: bool = False, gateway: bool = False, shm: bool = False
+    ) -> None:
         why = unavailable()
         if why is not None:
             raise RuntimeError(why)
@@ -112,9 +118,20 @@ class TestHosts:
             Host(i, f"nbh{tag}{i}", f"h{i}", str(addresses[i]), f"nv{tag}{i}o") for i in range(n)
         ]
         self._made: list[str] = []
+        #: Per host, the file its mount namespace (its own /dev/shm) is held by.
+        self.mounts: dict[int, Path] = {}
         atexit.register(self.close)
         try:
             self._build(tag, loopback_names)
+            if shm:
+                self._held = Path(f"/run/nbckpt-hosts-{tag}")
+                self._held.mkdir()
+                self._made.append(f"held:{self._held}")
+                # A file can hold a mount namespace only on a private mount.
+                subprocess.run(["mount", "--bind", str(self._held), str(self._held)], check=True)
+                subprocess.run(["mount", "--make-private", str(self._held)], check=True)
+                for h in self.hosts:
+                    self._new_shm(h.index)
         except BaseException:
             self.close()
             raise
@@ -142,13 +159,41 @@ class TestHosts:
             own = f"127.0.1.1 {h.name}\n" if loopback_names else ""
             (etc / "hosts").write_text(f"127.0.0.1 localhost\n{own}{names}")
 
+    def _new_shm(self, index: int) -> None:
+        held = self._held / f"mnt{index}-{uuid.uuid4().hex[:6]}"
+        held.touch()
+        subprocess.run(
+            ["unshare", f"--mount={held}", "--propagation", "private",
+             "mount", "-t", "tmpfs", "-o", "size=2g,mode=1777", "tmpfs", "/dev/shm"],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        self.mounts[index] = held
+
+    def _drop_shm(self, index: int) -> None:
+        held = self.mounts.pop(index, None)
+        if held is not None:
+            # The tmpfs goes once no process of the host holds the namespace either.
+            subprocess.run(["umount", "-l", str(held)], capture_output=True)
+            held.unlink(missing_ok=True)
+
+    def replace(self, index: int) -> None:
+        """Replace host ``index`` by a new machine: same name and address, empty ``/dev/shm``.
+
+        Its processes must have ended (a lost host's processes are gone with it).
+        """
+        self._drop_shm(index)
+        self._new_shm(index)
+
     def __len__(self) -> int:
         return len(self.hosts)
 
     def command(self, index: int, argv: Sequence[str]) -> list[str]:
         """``argv`` as it runs on host ``index``: its network, ``/etc/hosts`` and name."""
         h = self.hosts[index]
+        held = self.mounts.get(index)
+        enter = [] if held is None else ["nsenter", f"--mount={held}"]
         return [
+            *enter,
             "ip", "netns", "exec", h.netns,
             "unshare", "--uts",
             "sh", "-c", 'hostname "$0" && exec "$@"', h.name,
@@ -169,9 +214,14 @@ class TestHosts:
 
     def close(self) -> None:
         """Remove every namespace, link and file this made (again: nothing to do)."""
+        for index in list(self.mounts):
+            self._drop_shm(index)
         for item in reversed(self._made):
             kind, _, name = item.partition(":")
-            if kind == "netns":
+            if kind == "held":
+                subprocess.run(["umount", "-l", name], capture_output=True)
+                shutil.rmtree(name, ignore_errors=True)
+            elif kind == "netns":
                 subprocess.run(["ip", "netns", "del", name], capture_output=True)
             elif kind == "link":
                 subprocess.run(["ip", "link", "del", name], capture_output=True)

@@ -4,7 +4,15 @@
 
 /** What a process is doing; fault hooks fire as each save phase starts. */
 export type Phase =
-  'snapshot' | 'prepare' | 'write' | 'finalize' | 'retention' | 'read';
+  | 'snapshot'
+  | 'prepare'
+  | 'write'
+  | 'finalize'
+  | 'retention'
+  | 'read'
+  | 'local_write'
+  | 'replicate'
+  | 'fetch';
 
 /** The barriers of a save, in order. */
 export type Barrier = 'tmp_ready' | 'write_complete' | 'commit_complete';
@@ -30,7 +38,11 @@ export type Event =
   | 'read_progress'
   | 'read_done'
   | 'restored'
-  | 'preemption_saved';
+  | 'preemption_saved'
+  | 'local_committed'
+  | 'replicated'
+  | 'tier_chosen'
+  | 'fetched';
 
 /** The kinds of operation that get a journal. */
 export type Kind = 'save' | 'restore' | 'barrier';
@@ -86,6 +98,9 @@ export interface IPhaseNames {
   finalize: 'finalize';
   retention: 'retention';
   read: 'read';
+  local_write: 'local_write';
+  replicate: 'replicate';
+  fetch: 'fetch';
 }
 
 /** `BarrierState` by member name, as the protocol route sends it. */

@@ -22,6 +22,8 @@ from nbckpt.engine.saver import CheckpointSaver
 from nbckpt.engine.sync import preemption
 from nbckpt.engine.sync.barriers import SignalingClient
 from nbckpt.engine.sync.preemption import DEFAULT_GRACE_S
+from nbckpt.engine.tiers.local import LocalTier
+from nbckpt.engine.tiers.options import tier_options
 from nbckpt.formats.layout import is_complete, step_dir
 from nbckpt.formats.retention import BestMode, RetentionPolicy
 from nbckpt.protocol import DEFAULT_SAVE_TIMEOUT_S, Event, Mode, check_timeout
@@ -63,6 +65,13 @@ class AsyncCheckpointer(CheckpointSaver):
         Once this process hears of a preemption, how long it may live: at the end a
         process still running exits (0 if the agreed step was committed). See
         :meth:`reached_preemption`.
+    local_dir, local_replicas, persistent_every, local_keep
+        The local tier (see :class:`~nbckpt.engine.tiers.options.TierOptions`): with
+        ``local_dir`` (this host's directory, such as ``/dev/shm/ckpt``), every save
+        writes each process's shards there and copies them to ``local_replicas``
+        other hosts; steps that are multiples of ``persistent_every`` also go to
+        ``root``; each host keeps its newest ``local_keep`` local steps. ``restore``
+        then reads the newest step the live hosts hold whole, or the root's if newer.
 
     Examples
     --------
@@ -88,6 +97,10 @@ class AsyncCheckpointer(CheckpointSaver):
         format: str | None = None,
         client: SignalingClient | None = None,
         preemption_grace_s: float = DEFAULT_GRACE_S,
+        local_dir: str | os.PathLike[str] | None = None,
+        local_replicas: int = 1,
+        persistent_every: int = 1,
+        local_keep: int = 2,
     ) -> None:
         where = storage.location(root)  # refuses a URL it cannot store at
         mode = storage.commit_mode(where, mode)  # refuses rename mode on an object store
@@ -101,8 +114,14 @@ class AsyncCheckpointer(CheckpointSaver):
             best_mode=best_mode,
             save_interval_steps=save_interval_steps,
         )
+        tiers = tier_options(local_dir, local_replicas, persistent_every, local_keep)
         options = CheckpointerOptions(
-            mode=mode, primary=primary, timeout_s=timeout_s, retention=retention, format=format
+            mode=mode,
+            primary=primary,
+            timeout_s=timeout_s,
+            retention=retention,
+            format=format,
+            tiers=tiers,
         )
         super().__init__(where, options, Context.connect(where, primary, client))
         self._grace_s = check_timeout(preemption_grace_s, "preemption_grace_s")
@@ -114,6 +133,26 @@ class AsyncCheckpointer(CheckpointSaver):
     def set_retention(self, policy: RetentionPolicy) -> None:
         """Apply ``policy`` from the next commit on (a save in flight keeps the old one)."""
         self.options = dataclasses.replace(self.options, retention=policy)
+
+    def set_tiers(
+        self,
+        *,
+        local_dir: str | os.PathLike[str] | None = None,
+        local_replicas: int = 1,
+        persistent_every: int = 1,
+        local_keep: int = 2,
+    ) -> None:
+        """Keep a local tier from the next save on, or none (``local_dir`` None).
+
+        The keywords are the constructor's. The save in flight finishes first. Every
+        process must make the same call, each with its own host's directory.
+        """
+        tiers = tier_options(local_dir, local_replicas, persistent_every, local_keep)
+        self._settle()
+        if self._tier is not None:
+            self._tier.close()
+        self.options = dataclasses.replace(self.options, tiers=tiers)
+        self._tier = LocalTier(tiers, self.root) if tiers.local_dir else None
 
     def prune_after(self, step: int, *, timeout_s: float | None = None) -> list[int]:
         """Delete every complete step newer than ``step``, and return them: a rollback.
@@ -192,6 +231,8 @@ class AsyncCheckpointer(CheckpointSaver):
             self.wait_until_finished()
         finally:
             self._closed = True
+            if self._tier is not None:
+                self._tier.close()
 
     def __enter__(self) -> AsyncCheckpointer:
         return self

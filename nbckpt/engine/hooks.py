@@ -1,7 +1,8 @@
 """Hooks at the engine's own phase boundaries, for tests and fault injection.
 
 The checkpointer calls :func:`fire` with the name of each phase just before it starts
-(:data:`nbckpt.protocol.PHASES`, from the snapshot to the commit barrier). A hook
+(:data:`nbckpt.protocol.PHASES`, from the snapshot to the commit barrier, and the
+local tier's :data:`~nbckpt.protocol.TIER_PHASES`). A hook
 may sleep (to stall a process), raise (to fail it) or exit the process. No hook is set
 unless a test or the user sets one.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from nbckpt.protocol import PHASES
+from nbckpt.protocol import PHASES, TIER_PHASES
 
 __all__ = ["PHASES", "clear_hooks", "fire", "io_slowdown", "set_hook", "set_io_slowdown"]
 
@@ -23,8 +24,9 @@ _io_slowdown = 1.0
 
 def set_hook(phase: str, fn: Callable[[str], None]) -> None:
     """Run ``fn(phase)`` in this process each time ``phase`` is about to start."""
-    if phase not in PHASES:
-        raise ValueError(f"unknown phase {phase!r}; phases are {', '.join(PHASES)}")
+    if phase not in PHASES and phase not in TIER_PHASES:
+        known = ", ".join((*PHASES, *TIER_PHASES))
+        raise ValueError(f"unknown phase {phase!r}; phases are {known}")
     with _lock:
         _hooks[phase] = fn
 

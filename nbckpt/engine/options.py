@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from nbckpt.engine.tiers.options import TierOptions
 from nbckpt.formats.retention import RetentionPolicy
 from nbckpt.protocol import DEFAULT_SAVE_TIMEOUT_S, RENAME, Mode
 
@@ -36,6 +37,9 @@ class CheckpointerOptions:
         v3 arrays, zstd-compressed, in one OCDBT database per process, merged at the
         end). Orbax's ``StandardCheckpointer`` restores steps of either format, and
         nbckpt restores both.
+    tiers
+        The local tier (see :class:`~nbckpt.engine.tiers.local.TierOptions`): none by
+        default, and then every save goes to the root.
     """
 
     mode: Mode = RENAME
@@ -43,6 +47,7 @@ class CheckpointerOptions:
     timeout_s: float = DEFAULT_SAVE_TIMEOUT_S
     retention: RetentionPolicy = dataclasses.field(default_factory=RetentionPolicy)
     format: str | None = None
+    tiers: TierOptions = dataclasses.field(default_factory=TierOptions)
 
 
 def check_step(step: object) -> int:

@@ -9,6 +9,7 @@ from nbckpt.engine.context import Context
 from nbckpt.engine.options import CheckpointerOptions
 from nbckpt.engine.options import check_step as _check_step
 from nbckpt.engine.restore_entry import restore_agreed
+from nbckpt.engine.tiers.local import LocalTier
 from nbckpt.errors import CallError
 from nbckpt.formats.layout import all_steps
 from nbckpt.formats.retention import should_save
@@ -38,6 +39,8 @@ class CheckpointReader:
         self.options = options
         self._ctx = ctx
         self._closed = False
+        #: The local tier, when ``options.tiers`` names a local directory.
+        self._tier = LocalTier(options.tiers, root) if options.tiers.local_dir else None
         #: The id of the last operation this checkpointer started (its journal folder).
         self.last_op: str | None = None
 
@@ -177,6 +180,7 @@ class CheckpointReader:
             cast=cast,
             item=item,
             partial=partial,
+            tier=self._tier,
         )
         self.last_op = op
         return result

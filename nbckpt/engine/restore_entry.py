@@ -16,9 +16,22 @@ from nbckpt.engine.options import CheckpointerOptions, check_step
 from nbckpt.engine.restore import step as _restore
 from nbckpt.engine.restore.exchange import JobReads
 from nbckpt.engine.save.advice import reason
-from nbckpt.formats.layout import step_dir
+from nbckpt.engine.tiers.local import LocalTier
+from nbckpt.engine.tiers.recover import choose, gather_local
+from nbckpt.errors import StepNotFoundError
+from nbckpt.formats.layout import all_steps, step_dir
 from nbckpt.journal import JournalWriter
-from nbckpt.protocol import READ_BARRIER, Cause, Event, Kind, Phase, check_timeout
+from nbckpt.protocol import (
+    READ_BARRIER,
+    Cause,
+    Event,
+    Kind,
+    Phase,
+    Tier,
+    TierBarrier,
+    barrier_phase,
+    check_timeout,
+)
 
 __all__ = ["restore_agreed"]
 
@@ -34,6 +47,7 @@ def restore_agreed(
     cast: bool = False,
     item: str | None = None,
     partial: bool = False,
+    tier: LocalTier | None = None,
 ) -> tuple[str, Any]:
     """Restore a step on every process; return the operation id and the tree.
 
@@ -56,20 +70,49 @@ def restore_agreed(
         target = get_target()
     except Exception as e:
         local = e
-    op, step = ctx.preflight.agree(Kind.RESTORE, step, timeout, local)
+    extra = None
+    if tier is not None:
+        holdings = {str(s): h for s, h in tier.holdings().items()}
+        extra = {**tier.post(ctx.sync.client, ctx.primary, timeout), "holdings": holdings}
+    wanted = step
+    op, step = ctx.preflight.agree(
+        Kind.RESTORE, step, timeout, local, extra=extra, missing_ok=tier is not None
+    )
+    choice = None
+    if tier is not None:
+        tier.join(ctx.preflight.extras)
+        choice = choose(ctx.preflight.extras, step, wanted)
+        if choice.step is None:
+            raise StepNotFoundError(str(ctx.root), wanted, all_steps(ctx.root))
+        step = choice.step
     assert step is not None
     me = ctx.sync.process_index
     journal = JournalWriter(ctx.root, op, me, Kind.RESTORE, step)
     journal.emit(Event.REQUESTED, process_count=ctx.sync.process_count)
+    if choice is not None:
+        journal.emit(Event.TIER_CHOSEN, tier=choice.tier, why=choice.why, holders=choice.holders)
 
     def agree() -> None:
         # Every process has read and checked its part, or one says why not.
         ctx.sync.barrier(op, READ_BARRIER, timeout_s=timeout)
 
-    job = JobReads(agree, ctx.preflight.hosts, local_root=isinstance(ctx.root, Path), scratch=op)
+    job: JobReads | None = JobReads(
+        agree, ctx.preflight.hosts, local_root=isinstance(ctx.root, Path), scratch=op
+    )
+    phase: str = Phase.READ
     try:
+        directory = step_dir(ctx.root, step)
+        if tier is not None and choice is not None and choice.tier == Tier.LOCAL:
+            phase = Phase.FETCH
+            directory = gather_local(tier, choice, target, journal, deadline_s=timeout)
+            # Each process serves its host's copy until every peer has what it needs.
+            phase = barrier_phase(TierBarrier.FETCHED)
+            journal.emit(Event.BARRIER_ENTER, name=TierBarrier.FETCHED)
+            ctx.sync.barrier(op, TierBarrier.FETCHED, timeout_s=timeout)
+            journal.emit(Event.BARRIER_EXIT, name=TierBarrier.FETCHED)
+            job, phase = None, Phase.READ  # each process reads its part of its host's copy
         result = _restore.restore_step(
-            step_dir(ctx.root, step),
+            directory,
             target,
             journal,
             cast=cast,
@@ -79,9 +122,11 @@ def restore_agreed(
         )
     except BaseException as e:
         error = reason(e, ctx.root)
-        journal.emit(Event.FAILED, error=error, phase=Phase.READ, cause=Cause.ERROR, culprit=me)
+        journal.emit(Event.FAILED, error=error, phase=phase, cause=Cause.ERROR, culprit=me)
         # A peer waiting to exchange pieces with this process gives up at once.
         ctx.sync.signal_failure(op, error)
+        journal.close()
         raise
     journal.emit(Event.RESTORED)
+    journal.close()
     return op, result

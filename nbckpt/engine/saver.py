@@ -49,6 +49,7 @@ class CheckpointSaver(CheckpointReader):
         timeout_s: float | None = None,
         metrics: Mapping[str, Any] | None = None,
         format: str | None = None,
+        persistent: bool | None = None,
     ) -> None:
         """Start saving ``tree`` as ``step``; return once the snapshot is safe.
 
@@ -79,6 +80,10 @@ class CheckpointSaver(CheckpointReader):
             Numbers to record with the step (``{"loss": 0.31}``), by which retention
             keeps the best steps (``best_n``, ``best_metric``): Python numbers, NumPy
             scalars or 0-d NumPy or jax arrays (stored as floats).
+        persistent
+            With a local tier (``local_dir``): whether this step also goes to the root.
+            None follows ``persistent_every``; True forces it (before a risky change,
+            say). Without a local tier every save goes to the root.
 
         Raises
         ------
@@ -121,6 +126,7 @@ class CheckpointSaver(CheckpointReader):
             timeout_s=timeout_s,
             metrics=metrics,
             format=format,
+            persistent=persistent,
         )
 
     def save_from(
@@ -134,6 +140,7 @@ class CheckpointSaver(CheckpointReader):
         timeout_s: float | None = None,
         metrics: Mapping[str, Any] | None = None,
         format: str | None = None,
+        persistent: bool | None = None,
     ) -> None:
         """:meth:`save` the tree that ``get_tree()`` returns.
 
@@ -154,6 +161,8 @@ class CheckpointSaver(CheckpointReader):
             metrics=metrics,
             format=format,
             t_requested=t_requested,
+            tier=self._tier,
+            persistent=persistent,
         )
         self.last_op = job.op
         self._inflight.start(job)

@@ -40,6 +40,7 @@ __all__ = [
     "READ_BARRIER",
     "SPANS",
     "SPANS_BY_KIND",
+    "TIER_PHASES",
     "Barrier",
     "BarrierState",
     "Cause",
@@ -50,6 +51,8 @@ __all__ = [
     "Phase",
     "SaveFormat",
     "Status",
+    "Tier",
+    "TierBarrier",
     "as_json",
     "barrier_key",
     "barrier_phase",
@@ -70,6 +73,11 @@ class Phase(StrEnum):
     FINALIZE = "finalize"
     RETENTION = "retention"
     READ = "read"
+    #: The local tier (issue 28): each host's own copy, then the copies of its peers.
+    LOCAL_WRITE = "local_write"
+    REPLICATE = "replicate"
+    #: A restore from the local tier gets what its host lacks from a peer.
+    FETCH = "fetch"
 
 
 class Barrier(StrEnum):
@@ -78,6 +86,30 @@ class Barrier(StrEnum):
     TMP_READY = "tmp_ready"
     WRITE_COMPLETE = "write_complete"
     COMMIT_COMPLETE = "commit_complete"
+
+
+class TierBarrier(StrEnum):
+    """The barriers of the local tier, in order (see :mod:`nbckpt.engine.tiers`).
+
+    Every process meets them after its snapshot, before the persistent barriers of a
+    save that also goes to the root: past ``replicated`` the step is recoverable from
+    the live hosts' local directories.
+    """
+
+    LOCAL_READY = "local_ready"
+    LOCAL_WRITTEN = "local_written"
+    LOCAL_COMMITTED = "local_committed"
+    REPLICATED = "replicated"
+    #: A restore from the local tier: every process has what it needs from its peers
+    #: (until then each keeps serving its host's copy).
+    FETCHED = "fetched"
+
+
+class Tier(StrEnum):
+    """Where a restore read a step from: its hosts' local copies, or the root."""
+
+    LOCAL = "local"
+    PERSISTENT = "persistent"
 
 
 class BarrierState(StrEnum):
@@ -124,6 +156,17 @@ PHASES: Final[tuple[str, ...]] = (
 
 BARRIERS: Final[tuple[str, ...]] = tuple(Barrier)
 
+#: The phases of a save's local tier, in order: a fault can fire at each, as at
+#: :data:`PHASES` (a save without a local tier passes none of them).
+TIER_PHASES: Final[tuple[str, ...]] = (
+    Phase.LOCAL_WRITE,
+    barrier_phase(TierBarrier.LOCAL_READY),
+    barrier_phase(TierBarrier.LOCAL_WRITTEN),
+    barrier_phase(TierBarrier.LOCAL_COMMITTED),
+    Phase.REPLICATE,
+    barrier_phase(TierBarrier.REPLICATED),
+)
+
 
 class Event(StrEnum):
     """The events a process journals, in the order a successful save emits them.
@@ -152,6 +195,14 @@ class Event(StrEnum):
     READ_DONE = "read_done"
     RESTORED = "restored"
     PREEMPTION_SAVED = "preemption_saved"
+    #: A host leader committed its host's local copy (``host``, ``processes``).
+    LOCAL_COMMITTED = "local_committed"
+    #: A host leader holds a peer host's shards (``origin``, ``processes``, ``bytes``).
+    REPLICATED = "replicated"
+    #: Which tier and step a restore reads, and why (``tier``, ``why``).
+    TIER_CHOSEN = "tier_chosen"
+    #: Shards a restore got from a peer (``peer``, ``host``, ``processes``, ``bytes``).
+    FETCHED = "fetched"
 
 
 #: (start event, end event, phase) of each span a view draws, of any kind; barrier

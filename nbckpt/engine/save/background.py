@@ -25,6 +25,8 @@ from nbckpt.engine.save.commit import CommitStrategy
 from nbckpt.engine.save.prune import apply_retention
 from nbckpt.engine.save.snapshot import Snapshot
 from nbckpt.engine.sync.barriers import Synchronizer
+from nbckpt.engine.tiers.local import LocalTier
+from nbckpt.engine.tiers.local_save import save_local
 from nbckpt.errors import (
     BarrierTimeoutError,
     CheckpointError,
@@ -53,6 +55,7 @@ from nbckpt.protocol import (
     Cause,
     Event,
     Phase,
+    Tier,
     barrier_key,
     barrier_phase,
 )
@@ -155,6 +158,10 @@ class SaveJob:
     written_everywhere: bool = field(default=False, init=False)
     #: Set once its failure was reported without it: its own error is then not raised.
     abandoned: bool = field(default=False, init=False)
+    #: The checkpointer's local tier, if it has one: written first, on every save.
+    tier: LocalTier | None = None
+    #: Whether the step also goes to the root (always, without a local tier).
+    persistent: bool = True
 
     def run(self) -> CheckpointError | None:
         """Write, meet the others, commit; return the error to raise later, if any."""
@@ -167,35 +174,12 @@ class SaveJob:
             hooks.fire(name)
 
         try:
-            enter(Phase.PREPARE)
-            if is_primary:
-                # The preflight claimed the working directory, owner record and all.
-                self.strategy.prepare(self.root, self.step)
-                self._check_still_ours(work)
-                self.arrays.create(work, self.snap, me)
-            enter(barrier_phase(Barrier.TMP_READY))
-            self._barrier(Barrier.TMP_READY)
-            self.journal.emit(Event.TMP_READY)
-            enter(Phase.WRITE)
-            self._write(work)
-            enter(barrier_phase(Barrier.WRITE_COMPLETE))
-            self._barrier(Barrier.WRITE_COMPLETE)
-            self.written_everywhere = True
-            if is_primary:
-                enter(Phase.FINALIZE)
-                self.journal.emit(Event.FINALIZE_STARTED)
-                self._check_still_ours(work)
-                unsynced = self.arrays.finish(work, self.snap)
-                self._write_metadata(work, unsynced)
-                self.strategy.finalize(self.root, self.step, self.op, force=self.force)
-                self._decide(Event.COMMITTED)
-                self.journal.emit(Event.FINALIZED)
-            enter(barrier_phase(Barrier.COMMIT_COMPLETE))
-            self._barrier(Barrier.COMMIT_COMPLETE)
-            self.journal.emit(Event.COMMITTED)
-            if is_primary and self.retention.limits:
-                self.phase = Phase.RETENTION
-                apply_retention(self.root, self.retention, keep=self.step)
+            if self.tier is not None:
+                save_local(self, self.tier)
+            if self.persistent:
+                self._persist(work, is_primary, enter)
+            else:
+                self.journal.emit(Event.COMMITTED, tier=Tier.LOCAL)
         except BaseException as e:
             if is_primary:
                 self._decide(Event.FAILED)
@@ -238,6 +222,39 @@ class SaveJob:
         finally:
             self.journal.close()
         return None
+
+    def _persist(self, work: Location, is_primary: bool, enter: Callable[[str], None]) -> None:
+        """Write the step under the root, meet the others, and let the primary commit."""
+        me = self.sync.process_index
+        enter(Phase.PREPARE)
+        if is_primary:
+            # The preflight claimed the working directory, owner record and all.
+            self.strategy.prepare(self.root, self.step)
+            self._check_still_ours(work)
+            self.arrays.create(work, self.snap, me)
+        enter(barrier_phase(Barrier.TMP_READY))
+        self._barrier(Barrier.TMP_READY)
+        self.journal.emit(Event.TMP_READY)
+        enter(Phase.WRITE)
+        self._write(work)
+        enter(barrier_phase(Barrier.WRITE_COMPLETE))
+        self._barrier(Barrier.WRITE_COMPLETE)
+        self.written_everywhere = True
+        if is_primary:
+            enter(Phase.FINALIZE)
+            self.journal.emit(Event.FINALIZE_STARTED)
+            self._check_still_ours(work)
+            unsynced = self.arrays.finish(work, self.snap)
+            self._write_metadata(work, unsynced)
+            self.strategy.finalize(self.root, self.step, self.op, force=self.force)
+            self._decide(Event.COMMITTED)
+            self.journal.emit(Event.FINALIZED)
+        enter(barrier_phase(Barrier.COMMIT_COMPLETE))
+        self._barrier(Barrier.COMMIT_COMPLETE)
+        self.journal.emit(Event.COMMITTED)
+        if is_primary and self.retention.limits:
+            self.phase = Phase.RETENTION
+            apply_retention(self.root, self.retention, keep=self.step)
 
     def _barrier(self, name: str) -> None:
         self.journal.emit(Event.BARRIER_ENTER, name=name)
@@ -314,15 +331,25 @@ class SaveJob:
             except Exception:
                 return  # the primary or the service is gone: the disk says the rest
 
-    def _write_metadata(self, work: Location, unsynced: list[Location]) -> None:
+    def _write_metadata(
+        self,
+        work: Location,
+        unsynced: list[Location],
+        *,
+        mode: str | None = None,
+        arrays: ArrayFormat | None = None,
+    ) -> None:
         """Primary only: write nbckpt's and Orbax's metadata, then make the tree durable.
 
         ``unsynced``: files the array format wrote without making them durable.
+        ``mode`` and ``arrays``: the commit mode and array format, if not the save's
+        own (the local tier's copies are always renamed, in nbckpt's layout).
         """
+        arrays = arrays if arrays is not None else self.arrays
         meta = {
             "format": FORMAT,
             "step": self.step,
-            "mode": self.strategy.mode,
+            "mode": mode or self.strategy.mode,
             "op": self.op,
             "process_count": self.sync.process_count,
             "primary": self.primary,
@@ -336,10 +363,10 @@ class SaveJob:
             # What retention ranks steps by (RetentionPolicy.best_metric).
             "metrics": self.metrics,
         }
-        if self.arrays.arrays is not None:
-            meta["arrays"] = self.arrays.arrays  # how restore opens them
+        if arrays.arrays is not None:
+            meta["arrays"] = arrays.arrays  # how restore opens them
         # Orbax's records (_METADATA, _sharding), so that Orbax restores the step too.
-        records = orbax_records(self.snap.leaves, self.arrays.flags, self.snap.empty)
+        records = orbax_records(self.snap.leaves, arrays.flags, self.snap.empty)
         # Nothing reads the working directory before it is published, so the records
         # and every directory entry are made durable in one batch, not one by one.
         seal_tree(work, {**records, METADATA_FILE: json.dumps(meta, indent=1)}, unsynced)

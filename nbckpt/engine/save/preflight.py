@@ -96,6 +96,8 @@ class Preflight:
         self._claimed: Location | None = None
         #: The host name of each process, as the last agreement gathered them.
         self.hosts: dict[int, str] = {}
+        #: What each process's local tier posted in the last agreement (see ``extra``).
+        self.extras: dict[int, dict[str, Any]] = {}
 
     def _problem(
         self,
@@ -105,12 +107,16 @@ class Preflight:
         strategy: CommitStrategy | None,
         force: bool,
         op: str,
+        missing_ok: bool = False,
     ) -> dict[str, Any]:
         """What this process found wrong, as JSON-able data (the primary adds the step)."""
         if local is not None:
             return {"kind": "local", "reason": reason(local, self.root)}
         try:
-            return self._check(kind, step, strategy, force, op)
+            found = self._check(kind, step, strategy, force, op)
+            if missing_ok and found.get("kind") == "missing":
+                return {"step": None}  # the local tier may have it
+            return found
         except StorageError as e:
             # The store failed a request: shared like any problem, so that every process
             # fails at once instead of waiting for this one.
@@ -121,14 +127,15 @@ class Preflight:
     ) -> dict[str, Any]:
         is_primary = self.sync.process_index == self.primary
         if kind == Kind.SAVE:
-            assert strategy is not None and step is not None
+            # No strategy: a save that goes to the local tier only (nothing to claim).
+            assert step is not None
             try:
                 _probe_writable(self.root, self.sync.process_index)
             except StorageError:
                 raise
             except OSError as e:
                 return {"kind": "root", "reason": e.strerror or str(e)}
-            if is_primary:
+            if is_primary and strategy is not None:
                 return self._save_problem(step, strategy, force, op)
         elif is_primary:
             found = latest_step(self.root) if step is None else step
@@ -171,6 +178,8 @@ class Preflight:
         force: bool = False,
         key: str | None = None,
         plan: dict[str, Any] | None = None,
+        extra: dict[str, Any] | None = None,
+        missing_ok: bool = False,
     ) -> tuple[str, int | None]:
         """Check on every process and agree on an op id; return it and the step.
 
@@ -179,18 +188,23 @@ class Preflight:
         tree, its target): it is shared, then raised here as the caller raised it.
         ``plan`` (a save's options and tree structure, see
         :mod:`nbckpt.engine.save.agreement`) must be the same on every process.
+        ``extra`` (the local tier's host, peer address and holdings) rides along to
+        every process's :attr:`extras`. With ``missing_ok``, a restore whose step the
+        root lacks agrees on step None instead of failing: the local tier decides.
         """
         seq = f"key-{key}" if key is not None else f"seq{next_sequence()}"
         me = self.sync.process_index
         # The primary names the operation first: its claim on the step records it.
         op = new_op_id(kind, step if step is not None else 0)
         self._claimed = None
-        problem = self._problem(kind, step, local, strategy, force, op)
+        problem = self._problem(kind, step, local, strategy, force, op, missing_ok)
         # The host rides along, so that every process knows, alike, which ones share a
         # host (a restore plans its reads of replicated leaves by it).
         mine: dict[str, Any] = {"problem": problem, "host": socket.gethostname()}
         if plan is not None and local is None:
             mine["plan"] = plan
+        if extra is not None:
+            mine["tier"] = extra
         if me == self.primary:
             step = problem.pop("step", step)
             if kind != Kind.SAVE:
@@ -210,6 +224,7 @@ class Preflight:
         self._stale_keys.append(seq)
         parsed = {p: json.loads(v) for p, v in sorted(answers.items())}
         self.hosts = {p: str(a["host"]) for p, a in parsed.items() if a.get("host")}
+        self.extras = {p: a["tier"] for p, a in parsed.items() if isinstance(a.get("tier"), dict)}
         try:
             if local is not None:
                 raise local

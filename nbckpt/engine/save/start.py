@@ -21,6 +21,7 @@ from nbckpt.engine.save.background import SaveJob, fail, failures
 from nbckpt.engine.save.commit import strategy_for
 from nbckpt.engine.save.snapshot import take_snapshot
 from nbckpt.engine.sync import preemption
+from nbckpt.engine.tiers.local import LocalTier
 from nbckpt.errors import CheckpointError
 from nbckpt.formats.layout import is_complete, step_dir
 from nbckpt.formats.retention import check_metrics
@@ -43,12 +44,16 @@ def start_save(
     metrics: Mapping[str, Any] | None = None,
     format: str | None = None,
     t_requested: float | None = None,
+    tier: LocalTier | None = None,
+    persistent: bool | None = None,
 ) -> SaveJob:
     """Agree on a save with the other processes and snapshot this process's shards.
 
     The arguments are :meth:`AsyncCheckpointer.save_from`'s; ``options`` are the
     checkpointer's defaults; ``t_requested``, when the call came (now if None). The
-    returned job has not started.
+    returned job has not started. With a local ``tier``, the step goes to every host's
+    local directory, and to the root too when ``persistent`` (None: when the tier's
+    ``persistent_every`` says so).
 
     Raises
     ------
@@ -63,6 +68,10 @@ def start_save(
     step = check_step(step)
     metrics = check_metrics(metrics)
     strategy = strategy_for(storage.commit_mode(ctx.root, mode or options.mode))
+    if persistent is None:
+        persistent = options.tiers.persistent(step)
+    if tier is None:
+        persistent = True  # without a local tier, the root is the only place
     arrays = format_for(format or options.format)
     timeout = check_timeout(timeout_s or options.timeout_s, "timeout_s")
     local: BaseException | None = None
@@ -81,9 +90,20 @@ def start_save(
         metrics=metrics,
         retention=options.retention.as_dict(),
     )
+    extra = None if tier is None else tier.post(ctx.sync.client, ctx.primary, timeout)
     op, _ = ctx.preflight.agree(
-        Kind.SAVE, step, timeout, local, strategy=strategy, force=force, key=key, plan=plan
+        Kind.SAVE,
+        step,
+        timeout,
+        local,
+        strategy=strategy if persistent else None,
+        force=force,
+        key=key,
+        plan=plan,
+        extra=extra,
     )
+    if tier is not None:
+        tier.join(ctx.preflight.extras)
     me, n = ctx.sync.process_index, ctx.sync.process_count
     journal = JournalWriter(ctx.root, op, me, Kind.SAVE, step)
     told = preemption.notice_for(ctx.health.client, step)
@@ -94,6 +114,7 @@ def start_save(
         primary=ctx.primary,
         mode=strategy.mode,
         **({"preemption": told} if told is not None else {}),
+        **({"tiers": {"host": tier.host, "persistent": persistent}} if tier is not None else {}),
     )
     try:
         hooks.fire(Phase.SNAPSHOT)
@@ -125,4 +146,6 @@ def start_save(
         metrics=metrics,
         arrays=arrays,
         force=force,
+        tier=tier,
+        persistent=persistent,
     )

@@ -48,7 +48,7 @@ from nbckpt.errors import PeerDeadError
 from nbckpt.netaddr import route_address
 from nbckpt.protocol import KEY_PREFIX
 
-__all__ = ["DIAL_TIMEOUT_S", "HUNG_AFTER_S", "HealthMonitor", "dial", "monitor_for"]
+__all__ = ["DIAL_TIMEOUT_S", "HUNG_AFTER_S", "HealthMonitor", "dial", "monitor_for", "own_address"]
 
 _KEY = f"{KEY_PREFIX}/health"
 _HOSTS = f"{KEY_PREFIX}/hosts"
@@ -73,7 +73,7 @@ def dial(address: str, port: int, timeout_s: float = DIAL_TIMEOUT_S) -> str:
         return "silent"
 
 
-def _own_address() -> str:
+def own_address() -> str:
     """The address the other hosts reach this one at: where it routes to the coordinator."""
     try:
         from jax._src.distributed import global_state
@@ -138,7 +138,7 @@ class HealthMonitor:
         self._published = False
         self._listener: socket.socket | None = None
         if client.process_count > 1:
-            self._listen(address or _own_address())
+            self._listen(address or own_address())
         self._thread = threading.Thread(target=self._run, name="nbckpt-heartbeat", daemon=True)
         self._beat()
         self._thread.start()

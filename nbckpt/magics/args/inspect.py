@@ -28,6 +28,7 @@ from nbckpt.protocol import (
     FAULT_ACTIONS,
     FAULTS,
     PHASES,
+    TIER_PHASES,
 )
 from nbckpt.session import RetentionPolicy
 
@@ -63,9 +64,9 @@ FAULT: Final = MagicArgs(
     argument("--process", metavar="P", help="the process to act on (not for list / clear)"),
     argument(
         "--at",
-        choices=[str(p) for p in PHASES],  # values, not reprs, in errors
+        choices=[str(p) for p in (*PHASES, *TIER_PHASES)],  # values, not reprs, in errors
         metavar="PHASE",
-        help=f"the phase at which the fault fires: {', '.join(PHASES)}",
+        help=f"the phase at which the fault fires: {', '.join((*PHASES, *TIER_PHASES))}",
     ),
     argument(
         "--seconds",
