@@ -120,8 +120,31 @@ def test_s3_quick_reports_both_systems():
     assert "Objects left in the bucket before deleting it: 0." in proc.stdout
 
 
+def test_tiers_quick_reports_recovery_from_every_tier(tmp_path):
+    script = COMPARE.with_name("tiers.py")
+    cmd = [sys.executable, str(script), "--quick", "--dir", str(tmp_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert lines[-1].startswith("RESULT recovery_vs_s3=") and "blocking_added=" in lines[-1]
+    for measure in ("recovery: local + peers", "recovery: s3", "recovery: cold disk"):
+        assert f"| {measure} |" in proc.stdout
+    assert "a failure loses" in proc.stdout
+    assert not list(tmp_path.iterdir()), "the scratch directory was left behind"
+
+
+def test_gpu_quick_runs_on_whatever_jax_finds(tmp_path):
+    # The figures mean something on a GPU only; here it proves the script still runs.
+    script = COMPARE.with_name("gpu.py")
+    cmd = [sys.executable, str(script), "--quick", "--root", str(tmp_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith("RESULT gpu=") and "blocking_vs_d2h=" in last
+
+
 @pytest.mark.parametrize(
-    "script", ["compare", "engine_bench", "memory", "orbax_format", "widget_overhead"]
+    "script", ["compare", "engine_bench", "memory", "orbax_format", "tiers", "widget_overhead"]
 )
 def test_a_missing_dir_is_one_line_before_any_work(tmp_path, script):
     missing = tmp_path / "not-made"

@@ -49,6 +49,11 @@ def test_notebook_runs(path, tmp_path):
         assert f"resumed at step {agreed + 1}, trained to 39" in joined
         assert f"step {agreed} restored on 2 processes is bit for bit" in joined
         assert "resumed losses equal the uninterrupted run: True" in joined
+    if path.stem == "09_local_tier":
+        assert "tier: local, step 7: the newest step the live hosts hold whole" in joined
+        assert "host 2's shards from its neighbour: True" in joined
+        assert "tier: persistent, step 5: the root's newest step" in joined
+        assert "restored step 5, bit for bit: True" in joined
 
 
 def test_every_teaching_notebook_is_there():
@@ -61,4 +66,5 @@ def test_every_teaching_notebook_is_there():
         "06_orbax_interop",
         "07_object_storage",
         "08_preemption",
+        "09_local_tier",
     ]
