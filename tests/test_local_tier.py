@@ -18,6 +18,7 @@ import pytest
 from nbckpt import storage
 from nbckpt.engine.tiers.options import TierOptions, root_key
 from nbckpt.engine.tiers.recover import choose
+from nbckpt.engine.tiers.units import held_processes
 from nbckpt.formats.layout import all_steps, is_complete
 from nbckpt.procgroup import ProcessGroup
 from nbckpt.protocol import Tier
@@ -123,6 +124,12 @@ def test_a_wiped_host_gets_the_newest_local_step_from_its_peers(tmp_path: Path) 
     # replica, and the replicated vector's (process 0's) from a peer.
     assert _fetched_from(results[2]) == {0, 2}
     assert is_complete(_local(dirs[2], root) / "3")
+    # Its own shards went back into its host's copy, whole; of process 0's, only the
+    # replicated vector's chunk was fetched, into a staging copy removed after.
+    whole = {e["processes"][0]: e["whole"] for e in results[2]["events"] if e["event"] == "fetched"}
+    assert whole == {2: True, 0: False}
+    assert 2 in held_processes(_local(dirs[2], root) / "3")
+    assert not [p for d in dirs for p in _local(d, root).iterdir() if p.name.startswith(".")]
 
 
 @pytest.mark.multihost
@@ -205,3 +212,5 @@ def test_an_s3_root_takes_every_mth_step_and_a_wiped_host_recovers_locally(
         assert [r["step"] for r in results] == [3] * 4
         assert all(r["same"] for r in results)
         assert _fetched_from(results[0]) == {0}  # its own shards, from its replica
+        fetched = [e for e in results[0]["events"] if e["event"] == "fetched"]
+        assert [e["whole"] for e in fetched] == [True]  # back in its host's copy

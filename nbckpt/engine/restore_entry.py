@@ -7,6 +7,7 @@ journal's first and last events, the read barrier, and telling the peers on fail
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -100,11 +101,12 @@ def restore_agreed(
         agree, ctx.preflight.hosts, local_root=isinstance(ctx.root, Path), scratch=op
     )
     phase: str = Phase.READ
+    staging = None
     try:
         directory = step_dir(ctx.root, step)
         if tier is not None and choice is not None and choice.tier == Tier.LOCAL:
             phase = Phase.FETCH
-            directory = gather_local(tier, choice, target, journal, deadline_s=timeout)
+            directory, staging = gather_local(tier, choice, target, journal, deadline_s=timeout)
             # Each process serves its host's copy until every peer has what it needs.
             phase = barrier_phase(TierBarrier.FETCHED)
             journal.emit(Event.BARRIER_ENTER, name=TierBarrier.FETCHED)
@@ -127,6 +129,9 @@ def restore_agreed(
         ctx.sync.signal_failure(op, error)
         journal.close()
         raise
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
     journal.emit(Event.RESTORED)
     journal.close()
     return op, result

@@ -12,6 +12,7 @@ that holds a chunk this process's devices need, from a peer that holds it.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 import uuid
@@ -27,8 +28,15 @@ from nbckpt.engine.arrays.zarr import chunk_key, chunk_regions
 from nbckpt.engine.restore.targets import default_sharding, target_parts
 from nbckpt.engine.tiers.local import LocalTier
 from nbckpt.engine.tiers.peers import fetch
-from nbckpt.engine.tiers.units import checksums_file, held_processes, pull_skeleton, pull_unit
-from nbckpt.formats.layout import is_complete, read_metadata
+from nbckpt.engine.tiers.units import (
+    checksums_file,
+    held_processes,
+    pull_skeleton,
+    pull_unit,
+    unit_files,
+)
+from nbckpt.formats.checksum import ALGORITHM_KEY
+from nbckpt.formats.layout import is_complete, read_metadata, write_durable
 from nbckpt.journal import JournalWriter
 from nbckpt.protocol import Event, Tier
 
@@ -143,8 +151,15 @@ def gather_local(
     journal: JournalWriter,
     *,
     deadline_s: float,
-) -> Path:
-    """Make this host's copy of the chosen step serve this process; return its path.
+) -> tuple[Path, Path | None]:
+    """Make the chosen step's local copy serve this process; return it, and what to remove.
+
+    A unit this process reads whole (a replaced host's own shards, on the same
+    topology) is pulled into the host's copy, which then holds it again. Of a unit
+    it reads only part of (a replicated leaf written by one process, another process
+    count), only the chunks it reads are fetched, into a staging copy of its own: the
+    host's copy linked file by file, plus those chunks and their checksums. The
+    second path returned is that staging folder, to remove once the restore read it.
 
     Raises
     ------
@@ -162,8 +177,12 @@ def gather_local(
     here = set(held_processes(mine))
     missing = sorted(set(range(int(meta["process_count"]))) - here)
     if not missing:
-        return mine
+        return mine, None
     need = needed_chunks(meta, target)
+    # A scalar's chunk is written (Orbax reads it) but restore takes its value from
+    # the metadata: a unit is read whole when every chunk of its arrays is.
+    arrays = {m["name"] for m in meta["leaves"] if m["kind"] != "scalar"}
+    partial: list[tuple[int, str, dict[str, Any]]] = []
     scratch = mine.parent / f".incoming-{uuid.uuid4().hex[:12]}"
     try:
         for process in missing:
@@ -172,18 +191,61 @@ def gather_local(
             remote = f"{mine.name}/{checksums_file(process)}"
             fetch(address, key, [remote], scratch, deadline_s=deadline_s)
             sums = json.loads((scratch / remote).read_text())
-            if not any(set(sums.get(leaf) or ()) & keys for leaf, keys in need.items()):
+            wanted = {
+                leaf: {k: v for k, v in sums[leaf].items() if k in keys}
+                for leaf, keys in need.items()
+                if isinstance(sums.get(leaf), dict)
+            }
+            count = sum(len(v) for v in wanted.values())
+            if count == 0:
                 continue  # none of its chunks is read here
-            t0 = time.monotonic()
-            got = pull_unit(address, key, mine, process, deadline_s=deadline_s)
-            journal.emit(
-                Event.FETCHED,
-                peer=address,
-                host=host,
-                processes=[process],
-                bytes=got,
-                seconds=round(time.monotonic() - t0, 6),
-            )
+            if count == sum(len(v) for k, v in sums.items() if k in arrays):
+                t0 = time.monotonic()
+                got = pull_unit(address, key, mine, process, deadline_s=deadline_s)
+                _fetched(journal, address, host, process, got, t0, whole=True)
+            else:
+                wanted[ALGORITHM_KEY] = sums.get(ALGORITHM_KEY)
+                partial.append((process, host, {k: v for k, v in wanted.items() if v}))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    return mine
+    if not partial:
+        return mine, None
+    staging = tier.local_root / f".restore-{uuid.uuid4().hex[:12]}"
+    try:
+        _link_tree(mine, staging / mine.name)
+        for process, host, sums in partial:
+            address, t0 = tier.address_of(host), time.monotonic()
+            files = [f"{mine.name}/{f}" for f in unit_files(sums)]
+            got = fetch(address, key, files, staging, deadline_s=deadline_s)
+            sums_path = staging / mine.name / checksums_file(process)
+            sums_path.parent.mkdir(exist_ok=True)
+            write_durable(sums_path, json.dumps(sums))
+            _fetched(journal, address, host, process, got, t0, whole=False)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return staging / mine.name, staging
+
+
+def _fetched(
+    journal: JournalWriter, peer: str, host: str, process: int, got: int, t0: float, whole: bool
+) -> None:
+    journal.emit(
+        Event.FETCHED,
+        peer=peer,
+        host=host,
+        processes=[process],
+        bytes=got,
+        whole=whole,
+        seconds=round(time.monotonic() - t0, 6),
+    )
+
+
+def _link_tree(source: Path, dest: Path) -> None:
+    """Recreate ``source``'s folders under ``dest``, its files as hard links (no copy)."""
+    for folder, _dirs, files in os.walk(source):
+        there = dest / Path(folder).relative_to(source)
+        there.mkdir(parents=True, exist_ok=True)
+        for name in files:
+            if not name.endswith(".nbckpt-part"):  # a peer's copy still arriving
+                os.link(Path(folder) / name, there / name)
