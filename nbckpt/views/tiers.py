@@ -162,21 +162,29 @@ def _heading(view: TiersView) -> list[str]:
     return lines
 
 
-def tiers_text(view: TiersView) -> str:
-    """The plain-text table of a :class:`~nbckpt.protocol.views.TiersView`, newest first."""
+def tiers_text(view: TiersView, *, listed: int = 10) -> str:
+    """The plain-text table of a :class:`~nbckpt.protocol.views.TiersView`, newest first.
+
+    ``listed`` bounds how many of the root's steps its last line names.
+    """
     lines = _heading(view)
+    order = {h["host"]: i for i, h in enumerate(view["hosts"])}  # by lowest process
     if view["steps"]:
         lines.append(f"{'step':>8}  {'recoverable':<11}  {'in root':<7}  held (host: processes)")
     for row in view["steps"]:
-        held = "  ".join(
-            f"{_short(h)}: {_processes(ps)}" for h, ps in sorted(row["holders"].items())
-        )
+        hosts = sorted(row["holders"], key=lambda h: order.get(h, len(order)))
+        held = "  ".join(f"{_short(h)}: {_processes(row['holders'][h])}" for h in hosts)
         if row["missing"]:
             held += f"  (missing {_processes(row['missing'])})"
         lines.append(
             f"{row['step']:>8}  {_yes(row['recoverable']):<11}  "
             f"{_yes(row['persistent']):<7}  {held or '-'}"
         )
+    steps = view["persistent_steps"]
+    if steps is not None:
+        named = ", ".join(str(s) for s in steps[:listed]) or "no complete step"
+        more = f" and {len(steps) - listed} older" if len(steps) > listed else ""
+        lines.append(f"in the root: {named}{more}")
     lines.append(_restore_line(view))
     return "\n".join(lines)
 
