@@ -56,6 +56,7 @@ PARSERS: dict[str, Callable[[str], Any]] = {
     "ckpt_retention": a.parse_retention_args,
     "ckpt_watch": a.parse_watch_args,
     "ckpt_rollback": parse_rollback_args,
+    "ckpt_tiers": a.parse_tiers_args,
 }
 SPECS = {
     "ckpt_cluster": a.CLUSTER,
@@ -72,6 +73,7 @@ SPECS = {
     "ckpt_retention": a.RETENTION,
     "ckpt_watch": a.WATCH,
     "ckpt_rollback": ROLLBACK,
+    "ckpt_tiers": a.TIERS,
 }
 
 
@@ -126,6 +128,14 @@ def _check_result(magic: str, result: Any) -> None:
         assert not (result.stop and result.directory is not None)
     if isinstance(result, a.TimelineArgs) and result.last is not None:
         assert type(result.last) is int and 1 <= result.last <= 100 and result.op is None
+    if isinstance(result, a.TiersArgs):
+        counts = (result.replicas, result.persistent_every, result.keep)
+        assert all(n is None or type(n) is int for n in counts)
+        assert (result.replicas or 0) >= 0 and all(n is None or n >= 1 for n in counts[1:])
+        if result.off or result.local is None:
+            assert counts == (None, None, None) and not (result.off and result.local)
+        else:
+            assert os.path.isabs(result.local) or result.local.startswith("~")
     if isinstance(result, a.TimelineArgs) and result.save is not None:
         assert result.save.lower().endswith(".png")
 
@@ -266,6 +276,12 @@ FLAGS = [
     "--interval",
     "--keep-all",
     "--item",
+    "--local",
+    "--replicas",
+    "--persistent-every",
+    "--keep",
+    "--off",
+    "--persistent",
 ]
 token = st.one_of(st.sampled_from(HOSTILE), st.sampled_from(FLAGS), st.text(max_size=8))
 # Tokens joined as a shell would read them back (quoted), or raw (quotes and all).
@@ -306,6 +322,7 @@ GOOD = {
     "ckpt_retention": "--max-to-keep 3 --best 2 --metric loss",
     "ckpt_watch": "--last 5",
     "ckpt_rollback": "3",
+    "ckpt_tiers": "/tmp/ckpt --local /dev/shm/h{process} --replicas 1 --persistent-every 5",
 }
 
 
@@ -422,7 +439,14 @@ def test_a_barrier_name_is_never_a_path(name: str) -> None:
         assert "/" not in parsed and ".." not in parsed and not parsed.startswith(".")
 
 
-NO_CLUSTER_MAGICS = ["ckpt_save", "ckpt_barrier", "ckpt_restore", "ckpt_wait", "ckpt_fault"]
+NO_CLUSTER_MAGICS = [
+    "ckpt_save",
+    "ckpt_barrier",
+    "ckpt_restore",
+    "ckpt_wait",
+    "ckpt_fault",
+    "ckpt_tiers",
+]
 
 
 @pytest.fixture(scope="module")
@@ -660,6 +684,16 @@ def test_nul_characters_are_usage_errors(magic):
         ("ckpt_wait", "''"),
         ("ckpt_cluster", "explode"),
         ("ckpt_cluster", ""),
+        ("ckpt_tiers", "--local ''"),
+        ("ckpt_tiers", "--local rel/dir"),
+        ("ckpt_tiers", "--local /x --replicas -1"),
+        ("ckpt_tiers", "--local /x --persistent-every 0"),
+        ("ckpt_tiers", "--local /x --keep 0"),
+        ("ckpt_tiers", "--keep 3"),
+        ("ckpt_tiers", "--off --local /x"),
+        ("ckpt_tiers", "--off --replicas 2"),
+        ("ckpt_tiers", "a b"),
+        ("ckpt_tiers", "''"),
     ],
 )
 def test_other_misuse_gives_usage_errors(magic, line):
@@ -692,6 +726,35 @@ def test_good_lines_parse_to_what_was_meant():
     assert a.parse_status_args("") is None
     assert a.parse_wait_args("  ") is None
     assert a.parse_cluster_args("start -n 2 --devices-per-process 2").options.n == 2
+    assert a.parse_save_args("x --step 1").persistent is None
+    assert a.parse_save_args("x --step 1 --persistent").persistent is True
+    line = "/ck --local /dev/shm/h{process} --replicas 0 --persistent-every 10 --keep 3"
+    assert a.parse_tiers_args(line) == a.TiersArgs(
+        directory="/ck",
+        local="/dev/shm/h{process}",
+        replicas=0,
+        persistent_every=10,
+        keep=3,
+        off=False,
+    )
+    assert a.parse_tiers_args("").report_only and not a.parse_tiers_args("--off").report_only
+    # Each host expands its own ~: the notebook's home may not be theirs.
+    assert a.parse_tiers_args("--local ~/shm").local == "~/shm"
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("--keep 3", "--replicas, --persistent-every and --keep go with --local DIR"),
+        ("--off --local /x", "--off turns the local tier off; give it alone"),
+        ("--local x", "--local must be absolute"),
+        ("--local /x --persistent-every 0", "--persistent-every must be from 1"),
+    ],
+)
+def test_tier_misuse_says_what_is_wrong_in_one_line(line, message):
+    with pytest.raises(UsageError, match=re.escape(message)) as info:
+        a.parse_tiers_args(line)
+    assert str(info.value).count("\n") == 1  # the message, then the usage line
 
 
 @pytest.mark.parametrize("magic", sorted(SPECS))

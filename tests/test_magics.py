@@ -62,6 +62,7 @@ def test_magic_before_any_cluster_says_how_to_start(ip):
         (magics.ckpt_barrier, "b"),
         (magics.ckpt_restore, "x"),
         (magics.ckpt_status, ""),
+        (magics.ckpt_tiers, ""),
         (magics.ckpt_cluster, "stop"),
     ]:
         with pytest.raises(UsageError, match=r"%ckpt_cluster start"):
@@ -97,6 +98,9 @@ def test_help_comes_from_the_code(ip):
     assert "--mode {rename,commit_file}" in doc and "--force" in doc and "--wait" in doc
     assert "--processes" in ip.find_line_magic("ckpt_barrier").__doc__
     assert "--timeout SECONDS" in ip.find_line_magic("ckpt_restore").__doc__
+    assert "--persistent " in doc
+    tiers = ip.find_line_magic("ckpt_tiers").__doc__
+    assert "--local DIR" in tiers and "--persistent-every M" in tiers and "{process}" in tiers
 
 
 def test_a_bad_argument_names_the_usage(ip):
@@ -276,6 +280,50 @@ def test_an_older_step_is_refused_until_rollback_removes_the_newer(ip, cluster, 
     assert "rolled back to step 1: removed 2, 3" in capsys.readouterr().out
     ip.run_line_magic("ckpt_save", f"state --step 2 --dir {root} --wait --quiet")
     assert sorted(int(p.name) for p in root.iterdir() if p.name.isdigit()) == [1, 2]
+
+
+TIERED = """
+full = np.arange(16, dtype=np.float32).reshape(8, 2)
+tiered = jax.make_array_from_callback((8, 2), NamedSharding(mesh, P("data")), lambda i: full[i])
+"""
+
+
+def test_local_tier_from_the_notebook(ip, cluster, capsys, tmp_path):
+    from nbckpt.magics.commands import get_client
+
+    root = Path(cluster["root"]) / "tiered"
+    ip.run_cell_magic("px", "", BUILD + TIERED)
+    # Each process is a host of its own: {process} becomes its index on the engine.
+    ip.run_line_magic(
+        "ckpt_tiers", f"{root} --local {tmp_path}/host{{process}} --persistent-every 2"
+    )
+    assert "local tier on 2 host(s), 1 replica of each" in capsys.readouterr().out
+    for step in (0, 1, 2):
+        ip.run_line_magic("ckpt_save", f"tiered --step {step} --dir {root} --wait --quiet")
+    capsys.readouterr()
+    ip.run_line_magic("ckpt_tiers", str(root))
+    out = capsys.readouterr().out
+    assert re.search(r"^\s+2  yes\s+yes\s+\w+: 0,1  \w+: 0,1$", out, re.M), out
+    assert re.search(r"^\s+1  yes\s+no\s+\w+: 0,1  \w+: 0,1$", out, re.M), out
+    assert "in the root: 2, 0\n" in out  # step 0 only there: each host keeps 2 local steps
+    assert "would read step 2 from the hosts' local copies" in out
+    assert sorted(int(p.name) for p in root.iterdir() if p.name.isdigit()) == [0, 2]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["host0", "host1"]
+
+    ip.run_line_magic("ckpt_save", f"tiered --step 3 --dir {root} --persistent --wait --quiet")
+    assert sorted(int(p.name) for p in root.iterdir() if p.name.isdigit()) == [0, 2, 3]
+    view = get_client().tiers(root)
+    assert [(s["step"], s["recoverable"], s["persistent"]) for s in view["steps"]] == [
+        (3, True, True),
+        (2, True, True),
+    ]
+    assert view["restore"] == {"step": 3, "tier": "local"}
+    ip.run_line_magic("ckpt_restore", f"back --dir {root}")
+    assert "restored step 3 into 'back'" in capsys.readouterr().out
+    ip.run_line_magic("ckpt_tiers", f"{root} --off")
+    assert "no local tier" in capsys.readouterr().out
+    with pytest.raises(UsageError, match=r"(?s)go with --local DIR.*usage: %ckpt_tiers"):
+        ip.run_line_magic("ckpt_tiers", f"{root} --keep 3")
 
 
 def test_stop_then_magics_say_how_to_start(ip, cluster, capsys):

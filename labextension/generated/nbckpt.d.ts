@@ -61,6 +61,9 @@ export type Status =
 /** Why a process failed, journaled as data with its `failed` event. */
 export type Cause = 'error' | 'peer_failed' | 'peer_dead' | 'timeout';
 
+/** Where a restore read a step from: its hosts' local copies, or the root. */
+export type Tier = 'local' | 'persistent';
+
 /** How a save is finalized: rename a temporary directory, or write a commit file. */
 export type Mode = 'rename' | 'commit_file';
 
@@ -363,4 +366,60 @@ export interface IRow {
   dead_reported_by: number[];
   error: string | null;
   error_phase: string | null;
+}
+
+/** A root's local tier across the cluster, as `%ckpt_tiers` shows it. */
+export interface ITiersView {
+  root: string;
+  /** Process 0's options (its own local directory). */
+  settings: ITierSettings;
+  /** The processes whose options, other than the directory, differ from process 0's. */
+  disagreeing: number[];
+  /** The processes that keep no local tier. */
+  without: number[];
+  /** The hosts of the processes that keep one, by their lowest process. */
+  hosts: ITierHost[];
+  /** The steps any live host holds, and the root's newest, newest first. */
+  steps: ITierStep[];
+  /** The root's complete steps, newest first; None where the notebook cannot tell. */
+  persistent_steps: number[] | null;
+  restore: ITierChoice;
+}
+
+/** A local tier's options, as a process reports them (`AsyncCheckpointer.set_tiers`). */
+export interface ITierSettings {
+  /** This process's local directory; None when it keeps no local tier. */
+  local_dir: string | null;
+  local_replicas: number;
+  persistent_every: number;
+  local_keep: number;
+}
+
+/** One host of the local tier: the processes that share its local directory. */
+export interface ITierHost {
+  /** The host's id (the id file in its local directory). */
+  host: string;
+  processes: number[];
+  local_dir: string | null;
+}
+
+/** One step of a root, and which tiers hold it. */
+export interface ITierStep {
+  step: number;
+  /** How many processes saved it (0 when no host holds it). */
+  processes: number;
+  /** Per live host (its id), the processes whose shards it holds a local copy of. */
+  holders: Record<string, number[]>;
+  /** The processes whose shards no live host holds. */
+  missing: number[];
+  /** Whether the live hosts hold every process's shards: a restore can read it locally. */
+  recoverable: boolean;
+  /** Whether the persistent root holds it complete; None where the notebook cannot tell. */
+  persistent: boolean | null;
+}
+
+/** What a restore of the newest step would read now, and from which tier. */
+export interface ITierChoice {
+  step: number | null;
+  tier: Tier | null;
 }

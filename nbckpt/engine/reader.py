@@ -55,6 +55,11 @@ class CheckpointReader:
         return self._ctx.sync.process_index
 
     @property
+    def local_tier(self) -> LocalTier | None:
+        """This process's local tier (its host, directory and holdings), or None."""
+        return self._tier
+
+    @property
     def process_count(self) -> int:
         """The number of processes in the job."""
         return self._ctx.sync.process_count

@@ -27,19 +27,21 @@ from nbckpt.magics.cluster import (
 )
 from nbckpt.magics.inspection import LINE_MAGICS, InspectionMagics
 from nbckpt.magics.rollback import ROLLBACK, parse_rollback_args
+from nbckpt.magics.tiers import TIER_MAGICS, TierMagics
 from nbckpt.session.client import CheckpointClient, SaveHandle
 
 __all__ = ["NbckptMagics", "get_client", "load_ipython_extension"]
 
 
 @magics_class
-class NbckptMagics(InspectionMagics):
+class NbckptMagics(InspectionMagics, TierMagics):
     """The ``%ckpt_*`` magics. One cluster and one client per IPython session.
 
     The session's state (``cluster``, ``client``, ``views``) is kept by
     :class:`~nbckpt.magics.base.MagicsBase`; the magics that look (``%ckpt_status``,
     ``%ckpt_ls``, ...) are inherited from
-    :class:`~nbckpt.magics.inspection.InspectionMagics`.
+    :class:`~nbckpt.magics.inspection.InspectionMagics`, ``%ckpt_tiers`` from
+    :class:`~nbckpt.magics.tiers.TierMagics`.
     """
 
     # -- cluster ---------------------------------------------------------------------
@@ -126,7 +128,8 @@ class NbckptMagics(InspectionMagics):
         The snapshot is a copy: the engines may donate the saved arrays right after.
         Every engine must save the same tree with the same options, or nothing is
         written. A step another save is writing is refused, naming it; so is a step
-        older than the newest one (``%ckpt_rollback STEP`` first).
+        older than the newest one (``%ckpt_rollback STEP`` first). With a local tier
+        (``%ckpt_tiers``), ``--persistent`` sends this step to the root too.
         """
         args = a.parse_save_args(line)
         client = self._client()
@@ -140,6 +143,7 @@ class NbckptMagics(InspectionMagics):
                 timeout_s=args.timeout_s,
                 metrics=args.metrics,
                 format=args.format,
+                persistent=args.persistent,
             )
         bars = None if args.quiet else self.views.follow(handle.root, handle.op, text=args.wait)
         if not args.wait:
@@ -279,7 +283,7 @@ class NbckptMagics(InspectionMagics):
 
 # The inherited magics carry no @line_magic (it records into one registry that the next
 # @magics_class empties, whichever class that is): they are registered here by name.
-NbckptMagics.magics["line"].update({name: name for name in LINE_MAGICS})
+NbckptMagics.magics["line"].update({name: name for name in (*LINE_MAGICS, *TIER_MAGICS)})
 
 
 def get_client() -> CheckpointClient:

@@ -9,6 +9,7 @@ service runs these functions and nothing else.
 from __future__ import annotations
 
 __all__ = [
+    "ALL_STEPS",
     "FSCK",
     "IS_COMPLETE",
     "LIST_OPERATIONS",
@@ -25,8 +26,19 @@ LIST_OPERATIONS = "nbckpt.journal:list_operations"
 IS_COMPLETE = "nbckpt.formats.layout:is_complete"
 READ_METADATA = "nbckpt.formats.layout:read_metadata"
 LIST_STEPS = "nbckpt.formats.inventory:list_steps"
+#: The complete steps alone, without classifying the rest (``%ckpt_tiers``).
+ALL_STEPS = "nbckpt.formats.layout:all_steps"
 #: fsck reads, and removes only with the ``clean=True`` the user asked for.
 FSCK = "nbckpt.formats.fsck:fsck"
 READS = frozenset(
-    {READ_OPERATION, READ_MATCHING, LIST_OPERATIONS, IS_COMPLETE, READ_METADATA, LIST_STEPS, FSCK}
+    {
+        READ_OPERATION,
+        READ_MATCHING,
+        LIST_OPERATIONS,
+        IS_COMPLETE,
+        READ_METADATA,
+        LIST_STEPS,
+        ALL_STEPS,
+        FSCK,
+    }
 )

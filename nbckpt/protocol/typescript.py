@@ -45,6 +45,7 @@ ENUMS: tuple[type[enum.StrEnum], ...] = (
     words.Kind,
     words.Status,
     words.Cause,
+    words.Tier,
 )
 
 #: Named ``Literal`` s, with what they say: a field of one of these types is typed by
@@ -84,6 +85,7 @@ SHAPES: tuple[type, ...] = (
     views.Roots,
     views.BarrierCell,
     views.Row,
+    views.TiersView,
 )
 
 #: A typed dict that adds fields to a dataclass's ``to_dict()``: what it extends.

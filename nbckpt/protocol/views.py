@@ -24,6 +24,7 @@ from nbckpt.protocol.words import (
     Mode,
     Phase,
     Status,
+    Tier,
 )
 
 __all__ = [
@@ -42,6 +43,11 @@ __all__ = [
     "ProtocolNames",
     "Roots",
     "Row",
+    "TierChoice",
+    "TierHost",
+    "TierSettings",
+    "TierStep",
+    "TiersView",
     "TimelineView",
 ]
 
@@ -265,3 +271,67 @@ class Row(TypedDict):
     dead_reported_by: list[int]
     error: str | None
     error_phase: str | None
+
+
+# -- the local tier (``%ckpt_tiers``) ------------------------------------------------
+
+
+class TierSettings(TypedDict):
+    """A local tier's options, as a process reports them (``AsyncCheckpointer.set_tiers``)."""
+
+    #: This process's local directory; None when it keeps no local tier.
+    local_dir: str | None
+    local_replicas: int
+    persistent_every: int
+    local_keep: int
+
+
+class TierHost(TypedDict):
+    """One host of the local tier: the processes that share its local directory."""
+
+    #: The host's id (the id file in its local directory).
+    host: str
+    processes: list[int]
+    local_dir: str | None
+
+
+class TierStep(TypedDict):
+    """One step of a root, and which tiers hold it."""
+
+    step: int
+    #: How many processes saved it (0 when no host holds it).
+    processes: int
+    #: Per live host (its id), the processes whose shards it holds a local copy of.
+    holders: dict[str, list[int]]
+    #: The processes whose shards no live host holds.
+    missing: list[int]
+    #: Whether the live hosts hold every process's shards: a restore can read it locally.
+    recoverable: bool
+    #: Whether the persistent root holds it complete; None where the notebook cannot tell.
+    persistent: bool | None
+
+
+class TierChoice(TypedDict):
+    """What a restore of the newest step would read now, and from which tier."""
+
+    step: int | None
+    tier: Tier | None
+
+
+class TiersView(TypedDict):
+    """A root's local tier across the cluster, as ``%ckpt_tiers`` shows it."""
+
+    root: str
+    #: Process 0's options (its own local directory).
+    settings: TierSettings
+    #: The processes whose options, other than the directory, differ from process 0's.
+    disagreeing: list[int]
+    #: The processes that keep no local tier.
+    without: list[int]
+    #: The hosts of the processes that keep one, by their lowest process.
+    hosts: list[TierHost]
+    #: The steps any live host holds, and the root's newest, newest first.
+    steps: list[TierStep]
+    #: The root's complete steps, newest first; None where the notebook cannot tell.
+    persistent_steps: list[int] | None
+    restore: TierChoice

@@ -37,6 +37,7 @@ __all__ = [
     "NBCKPT_FORMAT",
     "ORBAX_FORMAT",
     "PHASES",
+    "PROCESS_PLACEHOLDER",
     "READ_BARRIER",
     "SPANS",
     "SPANS_BY_KIND",
@@ -110,6 +111,11 @@ class Tier(StrEnum):
 
     LOCAL = "local"
     PERSISTENT = "persistent"
+
+
+#: What a local tier's directory may hold to give each process a directory of its own
+#: (each engine puts its process index there), for processes that share one machine.
+PROCESS_PLACEHOLDER = "{process}"
 
 
 class BarrierState(StrEnum):

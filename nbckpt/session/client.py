@@ -9,7 +9,6 @@ named (``"nbckpt.engine.remote.agent:save_var"``) and imported on the engines.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import uuid
 from collections.abc import Mapping
@@ -29,8 +28,10 @@ from nbckpt.protocol import (
 )
 from nbckpt.session import reads
 from nbckpt.session.cluster import JaxCluster
+from nbckpt.session.faults import arm_fault
 from nbckpt.session.handles import BarrierReport, SaveHandle
 from nbckpt.session.rpc import AGENT, ENGINE_DIED, engine_errors, errors_by_process, remote
+from nbckpt.session.tiers import TiersView, apply_tiers, tier_fields
 
 __all__ = [
     "BarrierReport",
@@ -83,44 +84,31 @@ def _targets(engine_ids: list[int], processes: list[int] | None) -> list[int]:
     return [engine_ids[p] for p in processes]
 
 
-def _arm_fault(
-    cluster: JaxCluster,
-    kind: str,
-    process: int | None,
-    *,
-    at: str | None,
-    seconds: float | None,
-    factor: float | None,
-) -> dict[int, list[str]]:
-    """:meth:`CheckpointClient.fault`, on ``cluster``."""
-    import ipyparallel as ipp
+def _start_on_engines(
+    cluster: JaxCluster, args: tuple[str, int, str], options: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """Start a save of ``(var, step, root)`` on every engine; return their answers.
 
-    fault = remote(f"{AGENT}:fault")
-    n = len(cluster.engine_ids)
-    if kind in ("list", "clear"):
-        res = cluster.apply(fault, kind, what=f"fault {kind}", timeout_s=30)
-        return dict(enumerate(res))
-    if process is None or not 0 <= process < n:
-        raise ValueError(f"--process must be one of 0..{n - 1}, got {process}")
-    cluster.check_alive()
-    if kind == "preempt":
-        # Through the engine's nanny, not a queued call: a loop keeps the engine busy.
-        # An engine started without a nanny cannot take a signal request: it is asked
-        # itself below, which reaches it only once its current cell is done.
-        with contextlib.suppress(ipp.error.RemoteError, ipp.error.EngineError, OSError):
-            engine_id = cluster.engine_ids[process]
-            cluster.client.send_signal("SIGTERM", targets=[engine_id], block=True)
-            return {process: ["preempt notice sent (SIGTERM)"]}
-    engine = cluster.client[cluster.engine_ids[process]]
-    ar = engine.apply_async(fault, kind, at=at, seconds=seconds, factor=factor)
-    try:
-        armed = ar.get(timeout=30)
-    except (ipp.error.EngineError, ipp.error.RemoteError) as e:
-        died = isinstance(e, ipp.error.EngineError) or getattr(e, "ename", "") == "EngineError"
-        if kind == "kill" and at is None and died:
-            return {process: ["killed"]}  # the answer we asked for
-        raise engine_errors(e, cluster.ranks, f"fault {kind}") from None
-    return {process: list(armed)}
+    An engine that died after its snapshot (a kill at an early phase) does not stop
+    the save: the others go on, and the journal and the handle report it. Any other
+    refusal raises (a ClusterError naming the processes).
+    """
+    var, step, _root = args
+    cluster.check_alive()  # a dead engine: one clear line, before anything is sent
+    # The engines' own deadline (timeout_s) bounds their blocking part; the margin
+    # lets their error, rather than a client timeout, come back.
+    outcomes = cluster.apply_each(
+        _interactive(_in_namespace),
+        f"{AGENT}:save_var",
+        args,
+        {**options, "key": _call_key()},
+        timeout_s=options["timeout_s"] + 60,
+    )
+    errors = {rank: res for rank, (ok, res) in enumerate(outcomes) if not ok}
+    results = [res for ok, res in outcomes if ok]
+    if errors and (not results or any(t != ENGINE_DIED for t in errors.values())):
+        raise errors_by_process(f"save of {var!r} as step {step}", errors)
+    return results
 
 
 def _run_barrier(
@@ -224,12 +212,15 @@ class CheckpointClient:
         timeout_s: float = DEFAULT_SAVE_TIMEOUT_S,
         metrics: Mapping[str, float] | None = None,
         format: str = "nbckpt",
+        persistent: bool | None = None,
     ) -> SaveHandle:
         """Start saving the engines' variable ``var`` as ``step``; return at once.
 
         ``metrics`` are numbers recorded with the step (``{"loss": 0.31}``), by which
         :meth:`retention` may keep the best steps; ``format`` is ``"nbckpt"`` (zarr
         arrays that Orbax reads too) or ``"orbax"`` (Orbax's own OCDBT layout).
+        ``persistent=True`` sends a step to the root whatever the local tier's
+        ``persistent_every`` says (None: as it says; see :meth:`tiers`).
 
         Raises
         ------
@@ -244,37 +235,22 @@ class CheckpointClient:
         root = self.root(directory)
         storage.commit_mode(storage.location(root), mode)  # refuses rename on a bucket
         checked = check_metrics(metrics)  # NumPy and jax scalars become Python floats
-        self.cluster.check_alive()  # a dead engine: one clear line, before anything is sent
-        acknowledged = tuple(sorted(self._acknowledged))
-        # The engines' own deadline (timeout_s) bounds their blocking part; the margin
-        # lets their error, rather than a client timeout, come back.
-        outcomes = self.cluster.apply_each(
-            _interactive(_in_namespace),
-            f"{AGENT}:save_var",
+        results = _start_on_engines(
+            self.cluster,
             (var, step, root),
             {
                 "mode": mode,
                 "force": force,
                 "timeout_s": timeout_s,
-                "acknowledged": acknowledged,
-                "key": _call_key(),
+                "acknowledged": tuple(sorted(self._acknowledged)),
                 "metrics": checked,
                 "format": format,
+                "persistent": persistent,
             },
-            timeout_s=timeout_s + 60,
         )
-        errors = {rank: res for rank, (ok, res) in enumerate(outcomes) if not ok}
-        results = [res for ok, res in outcomes if ok]
-        # An engine that died after its snapshot (a kill at an early phase) does not
-        # stop the save: the others go on, and the journal and the handle report it.
-        if errors and (not results or any(t != ENGINE_DIED for t in errors.values())):
-            raise errors_by_process(f"save of {var!r} as step {step}", errors)
+        blocked = [r["blocked_s"] for r in results]
         handle = SaveHandle(
-            op=results[0]["op"],
-            step=step,
-            root=root,
-            blocked_s=[r["blocked_s"] for r in results],
-            client=self,
+            op=results[0]["op"], step=step, root=root, blocked_s=blocked, client=self
         )
         self.handles.append(handle)
         return handle
@@ -366,6 +342,31 @@ class CheckpointClient:
         )
         return dict(results[0])
 
+    def tiers(
+        self,
+        directory: str | os.PathLike[str] | None = None,
+        *,
+        local: str | os.PathLike[str] | None = None,
+        replicas: int | None = None,
+        persistent_every: int | None = None,
+        keep: int | None = None,
+        off: bool = False,
+    ) -> TiersView:
+        """Set a root's local tier on every engine (or turn it ``off``); return its view.
+
+        ``local`` is each host's directory, absolute (``{process}`` in it becomes each
+        process's index); ``replicas``, ``persistent_every`` and ``keep`` (default 1, 1,
+        2) are ``AsyncCheckpointer.set_tiers``'s ``local_*`` options. With neither
+        ``local`` nor ``off``, only reports which host holds which step.
+
+        Raises
+        ------
+        ValueError
+            If the options are wrong or go without ``local`` (nothing is sent).
+        """
+        fields = tier_fields(local, replicas, persistent_every, keep, off)
+        return apply_tiers(self.cluster, self.reader, self.root(directory), fields)
+
     def should_save(self, step: int, *, directory: str | os.PathLike[str] | None = None) -> bool:
         """Tell whether ``step`` is due for a save under the root's retention policy.
 
@@ -433,7 +434,7 @@ class CheckpointClient:
         and ``clear`` on every process. Returns the faults armed, per process. A ``kill``
         without ``at`` kills the process at once.
         """
-        return _arm_fault(self.cluster, kind, process, at=at, seconds=seconds, factor=factor)
+        return arm_fault(self.cluster, kind, process, at=at, seconds=seconds, factor=factor)
 
     def status(self) -> dict[str, Any]:
         """The engines' reports, their health and the saves this notebook started."""

@@ -26,6 +26,7 @@ from typing import Any
 
 from nbckpt.errors import ClusterError
 from nbckpt.protocol.reads import (
+    ALL_STEPS,
     FSCK,
     IS_COMPLETE,
     LIST_OPERATIONS,
@@ -37,6 +38,7 @@ from nbckpt.protocol.reads import (
 )
 
 __all__ = [
+    "ALL_STEPS",
     "IS_COMPLETE",
     "LIST_OPERATIONS",
     "LIST_STEPS",

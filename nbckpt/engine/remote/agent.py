@@ -23,6 +23,7 @@ from nbckpt.journal import JournalWriter
 from nbckpt.protocol import (
     DEFAULT_BARRIER_TIMEOUT_S,
     DEFAULT_SAVE_TIMEOUT_S,
+    PROCESS_PLACEHOLDER,
     Event,
     Kind,
     Mode,
@@ -44,6 +45,7 @@ __all__ = [
     "rollback",
     "save_var",
     "set_retention",
+    "set_tiers",
     "should_save",
     "shutdown",
     "status",
@@ -90,13 +92,15 @@ def save_var(
     key: str | None = None,
     metrics: dict[str, float] | None = None,
     format: str | None = None,
+    persistent: bool | None = None,
 ) -> dict[str, Any]:
     """Start saving ``namespace[var]``; return once the snapshot is safe.
 
     A variable missing on this process fails the save on every process at once (no
     one waits out the deadline for it). ``acknowledged`` lists failed operations whose
     error the notebook has shown already, so they are not raised a second time here.
-    ``key`` is the caller's unique id of this call; ``metrics`` and ``format`` are as
+    ``key`` is the caller's unique id of this call; ``metrics``, ``format`` and
+    ``persistent`` (True: to the root too, whatever ``persistent_every`` says) are as
     for ``AsyncCheckpointer.save``.
     """
     timeout_s = check_timeout(timeout_s, "timeout_s")
@@ -112,6 +116,7 @@ def save_var(
         timeout_s=timeout_s,
         metrics=metrics,
         format=format,
+        persistent=persistent,
     )
     return {
         "process": ckptr.process_index,
@@ -133,6 +138,40 @@ def set_retention(root: str, policy: dict[str, Any] | None) -> dict[str, Any]:
         ckptr.set_retention(RetentionPolicy(**policy))
     current = ckptr.options.retention
     return {"policy": current.as_dict(), "text": current.describe(), "root": str(ckptr.root)}
+
+
+def set_tiers(root: str, tiers: dict[str, Any] | None) -> dict[str, Any]:
+    """Give ``root``'s checkpointer a local tier (None: keep its own); report it.
+
+    ``tiers`` holds ``AsyncCheckpointer.set_tiers``'s keywords: ``local_dir`` (None
+    turns the tier off; ``{process}`` in it becomes this process's index, so that
+    processes on one machine can each be a host of their own), ``local_replicas``,
+    ``persistent_every`` and ``local_keep``. It applies from the next save on, after
+    the save in flight. Returns this process's ``process``, its tier's ``host`` id
+    (None without a tier), its ``local_dir``, its ``options`` and its host's
+    ``holdings`` (step, as a string -> ``processes`` and ``held``).
+    """
+    ckptr = _checkpointer(root)
+    if tiers is not None:
+        fields = dict(tiers)
+        local = fields.get("local_dir")
+        if local is not None:
+            fields["local_dir"] = str(local).replace(PROCESS_PLACEHOLDER, str(ckptr.process_index))
+        ckptr.set_tiers(**fields)
+    tier = ckptr.local_tier
+    options = ckptr.options.tiers
+    return {
+        "process": ckptr.process_index,
+        "host": None if tier is None else tier.host,
+        "local_dir": None if tier is None else str(tier.local_root.parents[1]),
+        "options": {
+            "local_dir": options.local_dir,
+            "local_replicas": options.local_replicas,
+            "persistent_every": options.persistent_every,
+            "local_keep": options.local_keep,
+        },
+        "holdings": {} if tier is None else {str(s): h for s, h in tier.holdings().items()},
+    }
 
 
 def rollback(root: str, step: int, *, timeout_s: float = DEFAULT_SAVE_TIMEOUT_S) -> list[int]:

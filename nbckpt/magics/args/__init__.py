@@ -11,8 +11,8 @@ operation and its ``--dir``) are declared here once.
 
 The declarations are split by magic group: :mod:`.base` (declaring once, and the
 checks every magic shares), :mod:`.cluster`, :mod:`.operations` (save, barrier,
-restore, wait) and :mod:`.inspect` (ls, fault, fsck, show, status, timeline, watch,
-retention). Every name is importable from here.
+restore, wait), :mod:`.inspect` (ls, fault, fsck, show, status, timeline, watch,
+retention) and :mod:`.tiers`. Every name is importable from here.
 """
 
 from __future__ import annotations
@@ -77,6 +77,7 @@ from nbckpt.magics.args.operations import (
     parse_save_args,
     parse_wait_args,
 )
+from nbckpt.magics.args.tiers import TIERS, TiersArgs, parse_tiers_args
 
 __all__ = [
     "BARRIER",
@@ -105,7 +106,9 @@ __all__ = [
     "SHOW",
     "STATUS",
     "SaveArgs",
+    "TIERS",
     "TIMELINE",
+    "TiersArgs",
     "TimelineArgs",
     "WatchArgs",
     "WAIT",
@@ -123,6 +126,7 @@ __all__ = [
     "parse_save_args",
     "parse_show_args",
     "parse_status_args",
+    "parse_tiers_args",
     "parse_timeline_args",
     "parse_wait_args",
     "parse_watch_args",

@@ -57,6 +57,11 @@ SAVE: Final = MagicArgs(
         help="a number to record with the step, e.g. loss=0.31 (repeatable); "
         "%%ckpt_retention --best keeps the best steps by one",
     ),
+    argument(
+        "--persistent",
+        action="store_true",
+        help="also save to the root, whatever %%ckpt_tiers --persistent-every says",
+    ),
 )
 
 
@@ -74,6 +79,8 @@ class SaveArgs:
     quiet: bool
     format: str = "nbckpt"
     metrics: dict[str, float] = field(default_factory=dict)
+    #: Force a save to the root (True), or follow the local tier's rule (None).
+    persistent: bool | None = None
 
 
 def parse_save_args(line: str) -> SaveArgs:
@@ -91,6 +98,7 @@ def parse_save_args(line: str) -> SaveArgs:
             quiet=ns.quiet,
             format=ns.format,
             metrics=metrics(ns.metric),
+            persistent=True if ns.persistent else None,
         )
 
 
