@@ -99,4 +99,4 @@ def restore(
     assert op is not None
     record = read_operation(root, op)
     events = [e for e in record.processes[me].events if e["event"] in ("tier_chosen", "fetched")]
-    return {"step": chosen, "same": same, "events": events}
+    return {"step": chosen, "same": same, "events": events, "op": op}

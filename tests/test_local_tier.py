@@ -20,8 +20,11 @@ from nbckpt.engine.tiers.options import TierOptions, root_key
 from nbckpt.engine.tiers.recover import choose
 from nbckpt.engine.tiers.units import held_processes
 from nbckpt.formats.layout import all_steps, is_complete
+from nbckpt.journal import read_operation
 from nbckpt.procgroup import ProcessGroup
 from nbckpt.protocol import Tier
+from nbckpt.views.answers import op_label
+from nbckpt.views.monitor import view_state
 from tests.s3server import S3Server
 
 T = "tests.mh_local_tier"
@@ -101,6 +104,11 @@ def _restore(root: str, dirs: list[str], **kw: Any) -> list[dict[str, Any]]:
         return group.run(f"{T}:restore", root, dirs, kwargs=kw, timeout_s=240)
 
 
+def _label(root: str, op: str) -> str:
+    rec = read_operation(root, op)
+    return op_label(rec.kind, rec.step, rec.name, rec.preemption, rec.tier)
+
+
 def _fetched_from(result: dict[str, Any]) -> set[int]:
     return {p for e in result["events"] if e["event"] == "fetched" for p in e["processes"]}
 
@@ -109,8 +117,10 @@ def _fetched_from(result: dict[str, Any]) -> set[int]:
 def test_a_wiped_host_gets_the_newest_local_step_from_its_peers(tmp_path: Path) -> None:
     root = str(tmp_path / "root")
     dirs = [str(tmp_path / f"host{i}") for i in range(4)]
-    _save(root, dirs, [0, 1, 2, 3], persistent_every=2, local_replicas=1)
+    saved = _save(root, dirs, [0, 1, 2, 3], persistent_every=2, local_replicas=1)
     assert all_steps(root) == [0, 2]  # 1 and 3 live only in the local tier
+    labels = [_label(root, op) for op in saved[0]["ops"]]
+    assert labels[2:] == ["save 2 (local tier + root)", "save 3 (local tier only)"]
     for d in dirs:
         assert all_steps(_local(d, root)) == [2, 3]  # each host keeps its newest 2
     shutil.rmtree(dirs[2])  # host 2 is lost: a replacement starts empty
@@ -130,6 +140,14 @@ def test_a_wiped_host_gets_the_newest_local_step_from_its_peers(tmp_path: Path) 
     assert whole == {2: True, 0: False}
     assert 2 in held_processes(_local(dirs[2], root) / "3")
     assert not [p for d in dirs for p in _local(d, root).iterdir() if p.name.startswith(".")]
+    # The views say where the restore read from, and each process where its shards came.
+    assert _label(root, results[0]["op"]) == "restore 3 (from the hosts' local copies)"
+    notes = {
+        v.process: v.note for v in view_state(read_operation(root, results[0]["op"])).processes
+    }
+    assert notes[0] == notes[1] == "read its host's local copy"
+    assert notes[2].startswith("read its host's local copy, and from peers: ")
+    assert "process 2's shards" in notes[2] and "process 0's shards (20 B)" in notes[2]
 
 
 @pytest.mark.multihost

@@ -25,6 +25,7 @@ from nbckpt.protocol import (
     Event,
     Kind,
     Status,
+    Tier,
     parse_op_id,
 )
 from nbckpt.protocol.views import PreemptionNotice
@@ -94,7 +95,10 @@ class OperationRecord:
     ``dead`` lists every process reported dead that recorded no end of its own, those
     that recorded nothing at all (and so have no :class:`ProcessRecord`) included.
     ``preemption`` says who was told to stop when the save was of the step every
-    process agreed after a preemption notice (None otherwise).
+    process agreed after a preemption notice (None otherwise). ``tier`` says where a
+    checkpointer with a local tier put a save (``"local tier + root"``, ``"local tier
+    only"``) or read a restore from (``"from the hosts' local copies"``, ``"from the
+    root"``); None without a local tier.
     """
 
     op: str
@@ -109,6 +113,7 @@ class OperationRecord:
     dead: list[int] = field(default_factory=list)
     #: Set when the save was of the step agreed after a preemption notice.
     preemption: PreemptionNotice | None = None
+    tier: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-able dict (process keys become strings)."""
@@ -276,7 +281,20 @@ def merge_events(
         name=name,
         dead=dead,
         preemption=notices[0] if notices else None,
+        tier=_tier(all_events),
     )
+
+
+def _tier(events: list[dict[str, Any]]) -> str | None:
+    """Where a save went, or a restore read from, with a local tier (see OperationRecord)."""
+    for e in events:
+        if e.get("event") == Event.TIER_CHOSEN:
+            local = e.get("tier") == Tier.LOCAL
+            return "from the hosts' local copies" if local else "from the root"
+        tiers = e.get("tiers")
+        if e.get("event") == Event.REQUESTED and isinstance(tiers, dict):
+            return "local tier + root" if tiers.get("persistent") else "local tier only"
+    return None
 
 
 class JournalReader:

@@ -19,7 +19,7 @@ from nbckpt.journal import OperationRecord, list_operations, read_operation
 from nbckpt.protocol import ORBAX_FORMAT, Kind, Status, parse_op_id
 from nbckpt.protocol.views import ActivityOp, EntryAnswer, OperationSummary, PreemptionNotice
 from nbckpt.storage import Location
-from nbckpt.views.timeline import preempted, timeline_view
+from nbckpt.views.timeline import preempted, tiered, timeline_view
 
 __all__ = [
     "Checkpoints",
@@ -70,15 +70,20 @@ def checkpoints_answer(root: str, now: float, found: Iterable[Entry]) -> Checkpo
 
 
 def op_label(
-    kind: str, step: int | None, name: str | None, preemption: PreemptionNotice | None = None
+    kind: str,
+    step: int | None,
+    name: str | None,
+    preemption: PreemptionNotice | None = None,
+    tier: str | None = None,
 ) -> str:
     """How a list names an operation: its kind, then a barrier's name or the step.
 
-    The save of a step agreed after a preemption notice says who was told.
+    The save of a step agreed after a preemption notice says who was told; with a
+    local tier, a save says where it went and a restore where it read from.
     """
     what = name if name is not None else ("" if step is None else str(step))
     label = f"{kind} {what}" if what else kind
-    return label + preempted(preemption)
+    return label + preempted(preemption) + tiered(tier)
 
 
 def operation_summary(rec: OperationRecord) -> OperationSummary:
@@ -93,7 +98,7 @@ def operation_summary(rec: OperationRecord) -> OperationSummary:
         "end": rec.end,
         "process_count": rec.process_count,
         "processes_seen": len(rec.processes),
-        "label": op_label(rec.kind, rec.step, rec.name, rec.preemption),
+        "label": op_label(rec.kind, rec.step, rec.name, rec.preemption, rec.tier),
     }
 
 
@@ -103,7 +108,7 @@ def operation_answer(rec: OperationRecord, root: str, now: float) -> dict[str, A
     data.update(
         root=root,
         time=now,
-        label=op_label(rec.kind, rec.step, rec.name, rec.preemption),
+        label=op_label(rec.kind, rec.step, rec.name, rec.preemption, rec.tier),
         view=timeline_view(rec),
     )
     return data
@@ -165,7 +170,7 @@ class RecentOperations:
                     "name": parsed.name,
                     "status": rec.status,
                     "start": rec.start,
-                    "label": op_label(rec.kind, rec.step, parsed.name, rec.preemption),
+                    "label": op_label(rec.kind, rec.step, parsed.name, rec.preemption, rec.tier),
                 }
                 if rec.status not in (Status.RUNNING, Status.NOT_STARTED):
                     if len(self._finished) >= FINISHED_CACHE:

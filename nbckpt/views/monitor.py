@@ -31,7 +31,7 @@ from nbckpt.protocol import (
 from nbckpt.protocol.views import PreemptionNotice
 from nbckpt.session import reads
 from nbckpt.storage import Location
-from nbckpt.views.timeline import everyone_of
+from nbckpt.views.timeline import LOCAL_READ, everyone_of, local_read_note
 
 __all__ = [
     "BarrierView",
@@ -185,6 +185,8 @@ class OperationView:
     name: str | None = None
     #: Set for the save of the step agreed after a preemption notice: who was told.
     preemption: PreemptionNotice | None = None
+    #: With a local tier: where a save went, or where a restore read from.
+    tier: str | None = None
 
     @property
     def settled(self) -> bool:
@@ -319,6 +321,8 @@ def view_state(record: OperationRecord) -> OperationView:
             v.note = _replica_note([w for w in writers if w != v.process], record.status)
         elif found is not None and _events_at(found, Event.PREEMPTION_SAVED):
             v.note = "the agreed preemption step is committed: this process stops"
+        elif found is not None and record.tier == LOCAL_READ:
+            v.note = local_read_note(_events_at(found, Event.FETCHED))
     return OperationView(
         op=record.op,
         kind=record.kind,
@@ -330,6 +334,7 @@ def view_state(record: OperationRecord) -> OperationView:
         processes=views,
         name=record.name,
         preemption=record.preemption,
+        tier=record.tier,
     )
 
 

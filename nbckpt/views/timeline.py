@@ -9,6 +9,8 @@ sentence), where its failure mark goes, and whom each barrier wait waited for.
 
 from __future__ import annotations
 
+from typing import Any
+
 from nbckpt.journal import OperationRecord, PhaseSpan, ProcessRecord
 from nbckpt.protocol import BARRIER_PREFIX, BarrierState, Phase, Status
 from nbckpt.protocol.views import BarrierWait, PreemptionNotice, ProcessDrawing, TimelineView
@@ -18,9 +20,13 @@ __all__ = [
     "barrier_wait",
     "commit_time",
     "everyone_of",
+    "LOCAL_READ",
     "failure_note",
+    "human_bytes",
     "latest_time",
+    "local_read_note",
     "preempted",
+    "tiered",
     "timeline_view",
 ]
 
@@ -73,6 +79,36 @@ def preempted(preemption: PreemptionNotice | None) -> str:
     if preemption is None:
         return ""
     return f" (preemption: process {preemption['process']} told by {preemption['reason']})"
+
+
+def tiered(tier: str | None) -> str:
+    """`` (local tier only)``, `` (from the root)``...; nothing without a local tier."""
+    return "" if tier is None else f" ({tier})"
+
+
+#: A restore's ``tier`` when it read the hosts' local copies.
+LOCAL_READ = "from the hosts' local copies"
+
+
+def local_read_note(fetched: list[dict[str, Any]]) -> str:
+    """Where a process of a local restore read from: its host's copy, and which peers."""
+    if not fetched:
+        return "read its host's local copy"
+    got = "; ".join(
+        f"process {','.join(map(str, e.get('processes', [])))}'s shards"
+        f" ({human_bytes(int(e.get('bytes', 0)))}) from host {str(e.get('host', '?'))[:8]}"
+        for e in fetched
+    )
+    return f"read its host's local copy, and from peers: {got}"
+
+
+def human_bytes(n: float) -> str:
+    """Format a byte count with a binary unit, e.g. ``64.0 MiB``."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
 
 
 def failure_note(record: OperationRecord, process: int) -> str | None:

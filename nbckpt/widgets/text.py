@@ -13,7 +13,7 @@ from tqdm import tqdm
 from nbckpt.protocol import Kind, Status
 from nbckpt.session import reads
 from nbckpt.views.monitor import JournalTailer, OperationView, ProcessView, settled
-from nbckpt.views.timeline import preempted
+from nbckpt.views.timeline import human_bytes, preempted, tiered
 
 __all__ = [
     "FollowNew",
@@ -26,22 +26,13 @@ __all__ = [
 ]
 
 
-def human_bytes(n: float) -> str:
-    """Format a byte count with a binary unit, e.g. ``64.0 MiB``."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
-
-
 def what_of(view: OperationView) -> str:
     """What an operation is, in words: ``save of step 3``, ``barrier 'sync'``."""
     if view.kind == Kind.BARRIER:
         return f"barrier {view.name!r}" if view.name else str(Kind.BARRIER)
     if view.step is None:
         return str(view.kind) if view.processes else "waiting for the journal of"
-    return f"{view.kind} of step {view.step}{preempted(view.preemption)}"
+    return f"{view.kind} of step {view.step}{preempted(view.preemption)}{tiered(view.tier)}"
 
 
 def bytes_done(view: OperationView, p: ProcessView) -> int:

@@ -23,7 +23,7 @@ from matplotlib.transforms import Bbox
 from nbckpt.journal import OperationRecord, PhaseSpan
 from nbckpt.protocol import BARRIER_PREFIX, Event, Kind, Phase, Status
 from nbckpt.session import reads
-from nbckpt.views.timeline import NOT_FAILED, commit_time, failure_note, preempted
+from nbckpt.views.timeline import NOT_FAILED, commit_time, failure_note, preempted, tiered
 from nbckpt.widgets.palette import LIGHT, Palette, ThemeName, lab_theme, palette, role_of
 
 __all__ = ["PHASE_COLORS", "plot_timeline", "plot_timelines"]
@@ -329,7 +329,7 @@ def plot_timeline(
     ax.set_xlim(left=0, right=span_s * 1.05)
     ax.set_xlabel("seconds since the request")
     what = (
-        f"{record.kind} of step {record.step}{preempted(record.preemption)}"
+        f"{record.kind} of step {record.step}{preempted(record.preemption)}{tiered(record.tier)}"
         if record.kind != Kind.BARRIER
         else Kind.BARRIER
     )
