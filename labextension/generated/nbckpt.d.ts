@@ -182,6 +182,8 @@ export interface IOperationRecord {
   dead: number[];
   /** Set when the save was of the step agreed after a preemption notice. */
   preemption: IPreemptionNotice | null;
+  /** With a local tier: where the save went, or where the restore read from. */
+  tier: string | null;
 }
 
 /** One process at one barrier wait of a timeline: whom it waited for. */

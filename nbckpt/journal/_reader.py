@@ -113,6 +113,7 @@ class OperationRecord:
     dead: list[int] = field(default_factory=list)
     #: Set when the save was of the step agreed after a preemption notice.
     preemption: PreemptionNotice | None = None
+    #: With a local tier: where the save went, or where the restore read from.
     tier: str | None = None
 
     def to_dict(self) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from nbckpt.protocol import (
     Kind,
     Phase,
     Status,
+    TierBarrier,
     barrier_phase,
 )
 from nbckpt.protocol.views import PreemptionNotice
@@ -66,6 +67,12 @@ def _phase_after(kind: str, event: str, name: str | None, primary: bool) -> str:
     if event == Event.FINALIZED:
         return barrier_phase(Barrier.COMMIT_COMPLETE)
     if event == Event.BARRIER_EXIT:
+        if name in (TierBarrier.LOCAL_READY, TierBarrier.LOCAL_WRITTEN):
+            return Phase.LOCAL_WRITE  # writing its shards, or (its host's first) committing
+        if name == TierBarrier.LOCAL_COMMITTED:
+            return Phase.REPLICATE
+        if name == TierBarrier.REPLICATED:
+            return Phase.PREPARE  # the root's part, if the step goes there too
         if name == Barrier.TMP_READY:
             return Phase.WRITE
         if name == Barrier.WRITE_COMPLETE:
