@@ -22,21 +22,27 @@ def loop(
     pauses: tuple[float, ...] = (0.0,),
     progress: str | None = None,
     max_to_keep: int | None = None,
+    local: list[str] | None = None,
+    persistent_every: int = 1,
 ) -> dict[str, Any]:
     """Train ``steps`` steps from where the root left off; report what was saved.
 
     Each process pauses ``pauses[process % len(pauses)]`` per step, so that processes
-    run at different speeds between their all-reduces.
+    run at different speeds between their all-reduces. ``local``: each process's
+    local directory (a local tier), with ``persistent_every``.
     """
     me = jax.process_index()
     pause = pauses[me % len(pauses)]
     policy = SavePolicy(every_steps=every_steps, every_seconds=every_seconds)
     saved = []
+    tiers: dict[str, Any] = {}
+    if local is not None:
+        tiers = {"local_dir": local[me], "persistent_every": persistent_every}
     with TrainingCheckpointer(
-        root, save=policy, max_to_keep=max_to_keep, timeout_s=60, preemption_grace_s=60
+        root, save=policy, max_to_keep=max_to_keep, timeout_s=60, preemption_grace_s=60, **tiers
     ) as tc:
-        start = tc.next_step
         state = tc.restore_or(initial_state)
+        start = tc.next_step
         for step in range(start, start + steps):
             w, loss = _train_step(state["w"])
             float(loss)  # the all-reduce: processes keep in step

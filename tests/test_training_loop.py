@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -113,3 +114,20 @@ def test_a_preempted_loop_saves_the_agreed_step_and_stops(tmp_path: Path) -> Non
     with AsyncCheckpointer(root) as ckptr:
         restored = ckptr.restore(step)
     np.testing.assert_array_equal(np.asarray(restored["w"]), _expected_w(step, 2))
+
+
+@pytest.mark.multihost
+def test_a_loop_with_a_local_tier_resumes_from_the_newest_local_step(tmp_path: Path) -> None:
+    root = str(tmp_path / "root")
+    local = [str(tmp_path / f"host{i}") for i in range(4)]
+    kw = {"every_steps": 1, "local": local, "persistent_every": 3}
+    with ProcessGroup(4) as group:
+        first = group.run(f"{T}:loop", root, 6, kwargs=kw, timeout_s=240)
+    assert [r["saved"] for r in first] == [list(range(6))] * 4
+    assert all_steps(root) == [0, 3]  # steps 4 and 5 live in the local tier only
+    shutil.rmtree(local[2])  # a host was replaced
+    with ProcessGroup(4) as group:
+        second = group.run(f"{T}:loop", root, 2, kwargs=kw, timeout_s=240)
+    # Resumed from local step 5 (host 2's shards from its neighbour), not the root's 3.
+    assert [r["start"] for r in second] == [6] * 4
+    assert [r["saved"] for r in second] == [[6, 7]] * 4

@@ -43,6 +43,8 @@ class CheckpointReader:
         self._tier = LocalTier(options.tiers, root) if options.tiers.local_dir else None
         #: The id of the last operation this checkpointer started (its journal folder).
         self.last_op: str | None = None
+        #: The step the last restore read (with a local tier, the chosen one).
+        self.last_step: int | None = None
 
     def _settle(self) -> None:
         """Raise if closed; a checkpointer also waits here for its save in flight."""
@@ -175,7 +177,7 @@ class CheckpointReader:
         processes at once.
         """
         self._settle()
-        op, result = restore_agreed(
+        op, step, result = restore_agreed(
             self._ctx,
             self.options,
             get_target,
@@ -187,5 +189,5 @@ class CheckpointReader:
             partial=partial,
             tier=self._tier,
         )
-        self.last_op = op
+        self.last_op, self.last_step = op, step
         return result

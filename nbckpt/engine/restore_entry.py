@@ -49,8 +49,8 @@ def restore_agreed(
     item: str | None = None,
     partial: bool = False,
     tier: LocalTier | None = None,
-) -> tuple[str, Any]:
-    """Restore a step on every process; return the operation id and the tree.
+) -> tuple[str, int, Any]:
+    """Restore a step on every process; return the operation id, the step and the tree.
 
     The arguments are :meth:`AsyncCheckpointer.restore_from`'s; ``options`` are the
     checkpointer's defaults. An error raised by ``get_target`` reaches the other
@@ -134,4 +134,4 @@ def restore_agreed(
             shutil.rmtree(staging, ignore_errors=True)
     journal.emit(Event.RESTORED)
     journal.close()
-    return op, result
+    return op, step, result

@@ -37,7 +37,7 @@ from typing import Any
 from nbckpt.engine.checkpointer import AsyncCheckpointer
 from nbckpt.engine.options import check_step
 from nbckpt.engine.sync.barriers import default_client
-from nbckpt.errors import BarrierTimeoutError
+from nbckpt.errors import BarrierTimeoutError, StepNotFoundError
 from nbckpt.formats.layout import all_steps
 from nbckpt.storage import Location
 
@@ -122,7 +122,10 @@ class TrainingCheckpointer:
 
     @property
     def latest_step(self) -> int | None:
-        """The newest complete step under the root (when opened, or saved since)."""
+        """The newest complete step under the root (when opened, or saved since).
+
+        With a local tier, :meth:`restore_or` sets it to the step it restored.
+        """
         return self._latest
 
     @property
@@ -134,11 +137,21 @@ class TrainingCheckpointer:
         """Return the newest step restored into ``init()``'s layout, or ``init()`` itself.
 
         ``init()`` is the target: its leaves give the shapes, dtypes and shardings
-        (``jax.eval_shape`` would drop the shardings), and its structure the tree.
+        (``jax.eval_shape`` would drop the shardings), and its structure the tree. With
+        a local tier (``local_dir``), the newest step the live hosts hold whole may be
+        newer than the root's: that one is restored, and :attr:`next_step` follows it.
         Keywords go to :meth:`AsyncCheckpointer.restore` (``cast``, ``partial``,
         ``timeout_s``).
         """
         state = init()
+        if self.checkpointer.local_tier is not None:
+            # The hosts may hold newer steps than the root: the fastest tier decides.
+            try:
+                restored = self.checkpointer.restore(None, state, **restore)
+            except StepNotFoundError:
+                return state
+            self._latest = self.checkpointer.last_step
+            return restored
         if self._latest is None:
             return state
         return self.checkpointer.restore(self._latest, state, **restore)
