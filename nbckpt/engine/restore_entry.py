@@ -107,11 +107,6 @@ def restore_agreed(
         if tier is not None and choice is not None and choice.tier == Tier.LOCAL:
             phase = Phase.FETCH
             directory, staging = gather_local(tier, choice, target, journal, deadline_s=timeout)
-            # Each process serves its host's copy until every peer has what it needs.
-            phase = barrier_phase(TierBarrier.FETCHED)
-            journal.emit(Event.BARRIER_ENTER, name=TierBarrier.FETCHED)
-            ctx.sync.barrier(op, TierBarrier.FETCHED, timeout_s=timeout)
-            journal.emit(Event.BARRIER_EXIT, name=TierBarrier.FETCHED)
             job, phase = None, Phase.READ  # each process reads its part of its host's copy
         result = _restore.restore_step(
             directory,
@@ -122,6 +117,13 @@ def restore_agreed(
             job=job,
             partial=partial,
         )
+        if choice is not None and choice.tier == Tier.LOCAL:
+            # Each process serves its host's copy until every peer has what it needs;
+            # they read meanwhile, and all succeed or all fail.
+            phase = barrier_phase(TierBarrier.FETCHED)
+            journal.emit(Event.BARRIER_ENTER, name=TierBarrier.FETCHED)
+            ctx.sync.barrier(op, TierBarrier.FETCHED, timeout_s=timeout)
+            journal.emit(Event.BARRIER_EXIT, name=TierBarrier.FETCHED)
     except BaseException as e:
         error = reason(e, ctx.root)
         journal.emit(Event.FAILED, error=error, phase=phase, cause=Cause.ERROR, culprit=me)

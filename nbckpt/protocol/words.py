@@ -101,8 +101,8 @@ class TierBarrier(StrEnum):
     LOCAL_WRITTEN = "local_written"
     LOCAL_COMMITTED = "local_committed"
     REPLICATED = "replicated"
-    #: A restore from the local tier: every process has what it needs from its peers
-    #: (until then each keeps serving its host's copy).
+    #: A restore from the local tier: every process has fetched what it needs from its
+    #: peers and read it (until then each keeps serving its host's copy).
     FETCHED = "fetched"
 
 
