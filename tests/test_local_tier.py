@@ -10,6 +10,7 @@ host id and none of the old copies.
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +92,23 @@ def test_every_mth_step_goes_to_the_root_and_all_without_a_local_dir() -> None:
     assert all(TierOptions(persistent_every=3).persistent(s) for s in range(7))
 
 
+def test_a_tier_that_opens_removes_only_stale_scratch_of_its_own(tmp_path: Path) -> None:
+    import os
+
+    from nbckpt.engine.tiers.local import STALE_SCRATCH_S, LocalTier
+
+    local = _local(str(tmp_path / "host"), str(tmp_path / "root"))
+    local.mkdir(parents=True)
+    old = time.time() - STALE_SCRATCH_S - 60
+    for name in (".incoming-dead", ".restore-dead", ".restore-live", "mine-not"):
+        (local / name).mkdir()
+        (local / name / "f").write_text("x")
+    for name in (".incoming-dead", ".restore-dead", "mine-not"):
+        os.utime(local / name, (old, old))
+    LocalTier(TierOptions(local_dir=str(tmp_path / "host")), Path(tmp_path / "root"))
+    assert sorted(p.name for p in local.iterdir()) == [".restore-live", "mine-not"]
+
+
 # -- real processes ------------------------------------------------------------------
 
 
@@ -142,6 +160,7 @@ def test_a_wiped_host_gets_the_newest_local_step_from_its_peers(tmp_path: Path) 
     assert not [p for d in dirs for p in _local(d, root).iterdir() if p.name.startswith(".")]
     # The views say where the restore read from, and each process where its shards came.
     assert _label(root, results[0]["op"]) == "restore 3 (from the hosts' local copies)"
+    assert results[0]["op"].endswith("-restore-3")  # named for the step it read
     notes = {
         v.process: v.note for v in view_state(read_operation(root, results[0]["op"])).processes
     }

@@ -86,6 +86,7 @@ def restore_agreed(
         if choice.step is None:
             raise StepNotFoundError(str(ctx.root), wanted, all_steps(ctx.root))
         step = choice.step
+        op = ctx.preflight.renamed(op, step)
     assert step is not None
     me = ctx.sync.process_index
     journal = JournalWriter(ctx.root, op, me, Kind.RESTORE, step)

@@ -39,7 +39,7 @@ from nbckpt.errors import (
     StorageError,
 )
 from nbckpt.formats.layout import all_steps, is_complete, latest_step, step_dir
-from nbckpt.protocol import Kind, Status, new_op_id
+from nbckpt.protocol import Kind, Status, new_op_id, parse_op_id
 from nbckpt.storage import Location
 
 __all__ = ["Preflight"]
@@ -242,6 +242,19 @@ class Preflight:
         op = str(parsed[self.primary]["op"])
         self._stale_keys.append(op)
         return op, parsed[self.primary].get("step")
+
+    def renamed(self, op: str, step: int) -> str:
+        """``op`` named for ``step`` instead, alike on every process (its keys dropped later).
+
+        A restore whose local tier chose another step than the root's names its
+        operation after the step it reads.
+        """
+        parsed = parse_op_id(op)
+        if parsed is None or parsed.step == step:
+            return op
+        new = f"{op.rsplit('-', 1)[0]}-{step}"
+        self._stale_keys.append(new)
+        return new
 
     def release(self, op: str) -> None:
         """Give back the working directory this process claimed for ``op``, if it did."""

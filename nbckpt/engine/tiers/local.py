@@ -18,7 +18,10 @@ serves it, and the job's hosts and peer addresses as the last preflight gathered
 
 from __future__ import annotations
 
+import contextlib
 import secrets
+import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,6 +69,7 @@ class LocalTier:
         self.host = host_id(folder)
         self.local_root = folder / "nbckpt" / root_key(self.root)
         self.local_root.mkdir(parents=True, exist_ok=True)
+        _drop_stale_scratch(self.local_root)
 
     # -- the job's hosts ----------------------------------------------------------
 
@@ -135,6 +139,24 @@ class LocalTier:
         if self._server is not None:
             self._server.close()
             self._server = None
+
+
+#: Scratch folders (:data:`SCRATCH_PREFIXES`) untouched this long belong to a process
+#: that died: a tier that opens removes them.
+STALE_SCRATCH_S = 3600.0
+#: The names of the folders a copy from peers or a staged restore works in.
+SCRATCH_PREFIXES = (".incoming-", ".restore-")
+
+
+def _drop_stale_scratch(local_root: Path) -> None:
+    """Remove scratch folders a dead process left; nothing else is touched."""
+    now = time.time()
+    for entry in local_root.iterdir():
+        if not entry.name.startswith(SCRATCH_PREFIXES):
+            continue
+        with contextlib.suppress(OSError):
+            if now - entry.stat().st_mtime > STALE_SCRATCH_S:
+                shutil.rmtree(entry, ignore_errors=True)
 
 
 def _job_key(client: SignalingClient, primary: int, root: Location, timeout_s: float) -> bytes:
