@@ -59,7 +59,7 @@ def _slowest(results: list[dict[str, float]], key: str) -> float:
     return max(float(r[key]) for r in results)
 
 
-def one_rep(group: object, env: dict[str, str], work: Path, bucket: str, rep: int) -> Series:
+def one_rep(group: object, env: dict[str, str] | None, work: Path, bucket: str, rep: int) -> Series:
     """One repetition of every system; the slowest process's seconds per figure."""
     from nbckpt.procgroup import ProcessGroup
 
@@ -108,7 +108,7 @@ def one_rep(group: object, env: dict[str, str], work: Path, bucket: str, rep: in
             shutil.rmtree(shm, ignore_errors=True)
             shutil.rmtree(root, ignore_errors=True)
 
-    systems: list[Callable[[], None]] = [disk, s3, tiered]
+    systems: list[Callable[[], None]] = [disk, tiered] if env is None else [disk, s3, tiered]
     turn = rep % len(systems)
     for run in systems[turn:] + systems[:turn]:
         run()
@@ -142,7 +142,8 @@ def report(series: Series, nbytes: int, processes: int, reps: int) -> list[str]:
         lo, mid, hi = _spread(xs).split()
         lines.append(f"| {name} | {lo} | {mid} | {hi} |")
     rec = "recovery: local + peers"
-    vs_s3, s3_text = _ratio(series, "recovery: s3", rec)
+    has_s3 = "recovery: s3" in series
+    vs_s3, s3_text = _ratio(series, "recovery: s3", rec) if has_s3 else (math.nan, "n/a")
     vs_disk, disk_text = _ratio(series, "recovery: cold disk", rec)
     added, added_text = _ratio(series, "tiered save blocks (local only)", "disk save blocks")
     both, both_text = _ratio(series, "tiered save blocks (local + disk)", "disk save blocks")
@@ -155,10 +156,10 @@ def report(series: Series, nbytes: int, processes: int, reps: int) -> list[str]:
     ]
     local = statistics.median(series["tiered save durable (local only)"])
     disk_s = statistics.median(series["disk save durable"])
-    s3_s = statistics.median(series["s3 save durable"])
+    s3_s = statistics.median(series["s3 save durable"]) if has_s3 else math.nan
     for step_s in STEP_TIMES:
         k = {
-            name: max(1, math.ceil(t / step_s))
+            name: max(1, math.ceil(t / step_s)) if t == t else math.nan  # NaN: not run
             for name, t in (("disk", disk_s), ("s3", s3_s), ("local", local))
         }
         lines.append(
@@ -185,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--dir", default=None, help="where the disk roots go (a temp folder)")
     parser.add_argument("--quick", action="store_true", help="16 MiB, 1 rep: a smoke run")
+    parser.add_argument("--no-s3", action="store_true", help="without the S3 server (moto)")
     args = parser.parse_args(argv)
     if args.quick:
         args.size, args.reps = "16M", 1
@@ -196,11 +198,13 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     series: Series = {}
     bucket = f"nbckpt-tiers-{uuid.uuid4().hex[:8]}"
-    server = S3Server()
+    server = None if args.no_s3 else S3Server()
+    env: dict[str, str] | None = None
     try:
-        server.create_bucket(bucket)
-        env = server.env()
-        os.environ.update(env)  # the parent names s3:// roots too (to delete them)
+        if server is not None:
+            server.create_bucket(bucket)
+            env = server.env()
+            os.environ.update(env)  # the parent names s3:// roots too (to delete them)
         with group_of(args.processes) as group:
             group.run(f"{W}:build", nbytes)
             for rep in range(args.reps):
@@ -209,14 +213,16 @@ def main(argv: list[str] | None = None) -> int:
                     series.setdefault(name, []).extend(xs)
             group.run(f"{W}:build", 0, 1)  # let go of the state
     finally:
-        server.stop()
+        if server is not None:
+            server.stop()
         shutil.rmtree(work, ignore_errors=True)
     cli = argv if argv is not None else sys.argv[1:]
     print(f"# Recovery from the fastest tier (`benchmarks/tiers.py {' '.join(cli)}`)")
     print(
         f"{os.cpu_count()} cores, load average {load[0]:.2f} at start and "
-        f"{os.getloadavg()[0]:.2f} at end; {(time.time() - t0) / 60:.1f} minutes; S3 is "
-        "moto (Python, in memory) on 127.0.0.1; local directories are in /dev/shm"
+        f"{os.getloadavg()[0]:.2f} at end; {(time.time() - t0) / 60:.1f} minutes; "
+        + ("no S3 (--no-s3)" if args.no_s3 else "S3 is moto (Python, in memory) on 127.0.0.1")
+        + "; local directories are in /dev/shm"
     )
     print()
     print("\n".join(report(series, nbytes, args.processes, args.reps)))
