@@ -15,7 +15,7 @@ import os
 from nbckpt import storage
 from nbckpt.engine.arrays.array_format import format_for
 from nbckpt.engine.context import Context
-from nbckpt.engine.options import CheckpointerOptions
+from nbckpt.engine.options import CheckpointerOptions, check_pack_bytes
 from nbckpt.engine.options import check_step as _check_step
 from nbckpt.engine.save.prune import prune_everywhere
 from nbckpt.engine.saver import CheckpointSaver
@@ -25,6 +25,7 @@ from nbckpt.engine.sync.preemption import DEFAULT_GRACE_S
 from nbckpt.engine.tiers.local import LocalTier
 from nbckpt.engine.tiers.options import tier_options
 from nbckpt.formats.layout import is_complete, step_dir
+from nbckpt.formats.packs import DEFAULT_PACK_BYTES
 from nbckpt.formats.retention import BestMode, RetentionPolicy
 from nbckpt.protocol import DEFAULT_SAVE_TIMEOUT_S, Event, Mode, check_timeout
 from nbckpt.storage import Location
@@ -52,9 +53,10 @@ class AsyncCheckpointer(CheckpointSaver):
         the processes run on several hosts), or an object-store URL such as
         ``s3://bucket/prefix`` (see :mod:`nbckpt.storage` for its configuration). A
         URL of another scheme is refused, never taken for a local path.
-    mode, primary, timeout_s, format
+    mode, primary, timeout_s, format, pack_bytes
         See :class:`CheckpointerOptions`; ``mode``, ``timeout_s`` and ``format`` are
-        defaults that each call may override.
+        defaults that each call may override. ``pack_bytes=0`` stores every leaf as
+        its own zarr array, so that Orbax can restore the steps.
     max_to_keep, keep_period, best_n, best_metric, best_mode, save_interval_steps
         The retention policy, as Orbax's ``CheckpointManagerOptions`` names it (see
         :class:`~nbckpt.formats.retention.RetentionPolicy`); :meth:`set_retention` changes it.
@@ -101,6 +103,7 @@ class AsyncCheckpointer(CheckpointSaver):
         local_replicas: int = 1,
         persistent_every: int = 1,
         local_keep: int = 2,
+        pack_bytes: int = DEFAULT_PACK_BYTES,
     ) -> None:
         where = storage.location(root)  # refuses a URL it cannot store at
         mode = storage.commit_mode(where, mode)  # refuses rename mode on an object store
@@ -122,6 +125,7 @@ class AsyncCheckpointer(CheckpointSaver):
             retention=retention,
             format=format,
             tiers=tiers,
+            pack_bytes=check_pack_bytes(pack_bytes),
         )
         super().__init__(where, options, Context.connect(where, primary, client))
         self._grace_s = check_timeout(preemption_grace_s, "preemption_grace_s")

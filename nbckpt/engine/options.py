@@ -6,10 +6,11 @@ import dataclasses
 from dataclasses import dataclass
 
 from nbckpt.engine.tiers.options import TierOptions
+from nbckpt.formats.packs import DEFAULT_PACK_BYTES
 from nbckpt.formats.retention import RetentionPolicy
 from nbckpt.protocol import DEFAULT_SAVE_TIMEOUT_S, RENAME, Mode
 
-__all__ = ["CheckpointerOptions", "check_step"]
+__all__ = ["CheckpointerOptions", "check_pack_bytes", "check_step"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,6 +41,11 @@ class CheckpointerOptions:
     tiers
         The local tier (see :class:`~nbckpt.engine.tiers.local.TierOptions`): none by
         default, and then every save goes to the root.
+    pack_bytes
+        In nbckpt's own layout, leaves of at most this many bytes are packed, one file
+        per process (:mod:`nbckpt.formats.packs`): a state of many small leaves is
+        written and read with a few requests, not several per leaf. Orbax cannot read
+        packed leaves: 0 packs none, and then Orbax restores every step.
     """
 
     mode: Mode = RENAME
@@ -48,6 +54,14 @@ class CheckpointerOptions:
     retention: RetentionPolicy = dataclasses.field(default_factory=RetentionPolicy)
     format: str | None = None
     tiers: TierOptions = dataclasses.field(default_factory=TierOptions)
+    pack_bytes: int = DEFAULT_PACK_BYTES
+
+
+def check_pack_bytes(value: object) -> int:
+    """Return ``value`` if it is a non-negative int; raise ValueError otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"pack_bytes must be a non-negative int (0 packs nothing), got {value!r}")
+    return value
 
 
 def check_step(step: object) -> int:

@@ -32,6 +32,7 @@ import numpy as np
 
 from nbckpt import storage
 from nbckpt.formats.layout import CHECKSUMS_DIR
+from nbckpt.formats.packs import PACK_KEY, PackIndex, parse_pack
 
 __all__ = [
     "ALGORITHMS",
@@ -175,8 +176,13 @@ def matches(data: np.ndarray, algorithm: str, expected: int) -> bool:
     return False
 
 
-def read_checksums(step_path: str | os.PathLike[str] | storage.Location) -> Recorded | None:
+def read_checksums(
+    step_path: str | os.PathLike[str] | storage.Location, packs: PackIndex | None = None
+) -> Recorded | None:
     """Read and merge the checksums every process recorded for a step.
+
+    ``packs``, if given, receives where each packed chunk lies (the files' ``"#packed"``
+    entries, see :mod:`nbckpt.formats.packs`).
 
     Returns
     -------
@@ -206,6 +212,9 @@ def read_checksums(step_path: str | os.PathLike[str] | storage.Location) -> Reco
         if not isinstance(data, dict):
             raise ValueError(f"{path} does not hold a JSON object")
         algorithm = data.pop(ALGORITHM_KEY, CRC32)  # none recorded: written before CRC-32C
+        pack = data.pop(PACK_KEY, None)
+        if pack is not None:
+            parse_pack(pack, str(path), packs if packs is not None else {})
         if algorithm not in ALGORITHMS:
             raise ValueError(
                 f"{path} uses checksum algorithm {algorithm!r}, which this nbckpt does not "

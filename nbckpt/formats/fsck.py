@@ -88,19 +88,21 @@ def verify_step(step_path: str | os.PathLike[str] | storage.Location) -> list[st
     from nbckpt.engine.arrays.zarr import chunk_key, chunk_regions
     from nbckpt.engine.restore.sources import source_for
     from nbckpt.formats.checksum import matches, read_checksums
+    from nbckpt.formats.packs import PackIndex
 
     path = storage.location(step_path)
     meta = read_metadata(path)
     if meta is None:
         return ["metadata missing or unreadable"]
+    packs: PackIndex = {}
     try:
-        sums = read_checksums(path) or {}
+        sums = read_checksums(path, packs) or {}
     except StorageError:
         raise
     except (OSError, ValueError) as e:
         return [f"checksums unreadable: {e}"]
     try:
-        source = source_for(path, meta)
+        source = source_for(path, meta, packs)
     except ValueError as e:
         return [str(e)]
     problems = []
@@ -111,7 +113,7 @@ def verify_step(step_path: str | os.PathLike[str] | storage.Location) -> list[st
         try:
             store = source.open(name).result()
         except Exception as e:  # tensorstore raises ValueError for most I/O problems
-            problems.append(f"{name}: cannot open ({e})")
+            problems.append(f"{name}: cannot open ({getattr(e, 'detail', e)})")
             continue
         dtype = store.dtype.numpy_dtype
         if list(store.shape) != list(leaf["shape"]) or dtype != np.dtype(leaf["dtype"]):

@@ -15,6 +15,7 @@ from nbckpt.engine.arrays.ocdbt_writer import OcdbtZarr3Arrays
 from nbckpt.engine.save.snapshot import Snapshot
 from nbckpt.engine.save.writer import create_arrays, write_shards
 from nbckpt.formats.orbax_write import OrbaxFlags
+from nbckpt.formats.packs import DEFAULT_PACK_BYTES
 from nbckpt.protocol import FORMATS, NBCKPT_FORMAT, ORBAX_FORMAT, SaveFormat
 from nbckpt.storage import Location
 
@@ -33,11 +34,15 @@ class ArrayFormat(Protocol):
         layout, which is what a step without the field holds.
     flags
         How Orbax's ``_METADATA`` describes the arrays.
+    pack_bytes
+        Leaves of at most this many bytes are packed (:mod:`nbckpt.formats.packs`);
+        0 packs none.
     """
 
     name: SaveFormat
     arrays: str | None
     flags: OrbaxFlags
+    pack_bytes: int
 
     def create(self, work: Location, snap: Snapshot, process: int) -> None:
         """Primary only, before anyone writes: what the writers need to exist."""
@@ -70,11 +75,17 @@ class ArrayFormat(Protocol):
 
 
 class Zarr2Arrays:
-    """nbckpt's own layout: ``<step>/<leaf name>/``, an uncompressed zarr v2 array."""
+    """nbckpt's own layout: ``<step>/<leaf name>/``, an uncompressed zarr v2 array.
+
+    Leaves of at most ``pack_bytes`` are packed instead, in one file per process.
+    """
 
     name: SaveFormat = NBCKPT_FORMAT
     arrays: str | None = None
     flags = OrbaxFlags(use_ocdbt=False, use_zarr3=False)
+
+    def __init__(self, pack_bytes: int = DEFAULT_PACK_BYTES) -> None:
+        self.pack_bytes = pack_bytes
 
     def create(self, work: Location, snap: Snapshot, process: int) -> None:
         """Nothing: the writers open their arrays from the snapshot's metadata."""
@@ -90,9 +101,15 @@ class Zarr2Arrays:
         checksums: dict[str, Any] | None = None,
         issued: Callable[[], None] | None = None,
     ) -> int:
-        """Write this process's chunks, one file each."""
+        """Write this process's chunks, one file each, and its pack."""
         return write_shards(
-            work, snap, progress=progress, watch=watch, checksums=checksums, issued=issued
+            work,
+            snap,
+            progress=progress,
+            watch=watch,
+            checksums=checksums,
+            issued=issued,
+            process=process,
         )
 
     def finish(self, work: Location, snap: Snapshot) -> list[Location]:
@@ -104,8 +121,10 @@ class Zarr2Arrays:
         return create_arrays(work, snap, sync=False)
 
 
-def format_for(name: str | None) -> ArrayFormat:
+def format_for(name: str | None, pack_bytes: int = DEFAULT_PACK_BYTES) -> ArrayFormat:
     """Return a fresh strategy for format ``name`` (None: nbckpt's own).
+
+    ``pack_bytes`` applies to nbckpt's own layout; Orbax's packs nothing.
 
     Raises
     ------
@@ -113,7 +132,7 @@ def format_for(name: str | None) -> ArrayFormat:
         If ``name`` is not one of :data:`nbckpt.protocol.FORMATS`.
     """
     if name is None or name == NBCKPT_FORMAT:
-        return Zarr2Arrays()
+        return Zarr2Arrays(pack_bytes)
     if name == ORBAX_FORMAT:
         return OcdbtZarr3Arrays()
     raise ValueError(f"format must be one of {', '.join(map(repr, FORMATS))}, got {name!r}")

@@ -163,6 +163,7 @@ class OcdbtZarr3Arrays:
     name: SaveFormat = ORBAX_FORMAT
     arrays: str | None = ORBAX_ARRAYS
     flags = OrbaxFlags(use_ocdbt=True, use_zarr3=True)
+    pack_bytes = 0  # Orbax reads every leaf from the databases
 
     def __init__(self) -> None:
         self._context = new_context()

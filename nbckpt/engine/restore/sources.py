@@ -14,7 +14,9 @@ import tensorstore as ts
 
 from nbckpt.engine.arrays.orbax_arrays import open_orbax_array_async
 from nbckpt.engine.arrays.zarr import fresh_context, open_array_async
+from nbckpt.formats.checksum import read_checksums
 from nbckpt.formats.orbax_write import ORBAX_ARRAYS
+from nbckpt.formats.packs import PackIndex, is_packed
 from nbckpt.storage import Location
 
 __all__ = ["ArraySource", "OrbaxSource", "Zarr2Source", "source_for"]
@@ -124,11 +126,15 @@ class OrbaxSource:
         return ORBAX_UNVERIFIED if self.orbax else None
 
 
-def source_for(directory: Location, meta: dict[str, Any]) -> ArraySource:
+def source_for(
+    directory: Location, meta: dict[str, Any], packs: PackIndex | None = None
+) -> ArraySource:
     """Return the source of an nbckpt step's arrays, by its metadata's ``arrays`` field.
 
     ``"ocdbt+zarr3"``: one OCDBT database of zarr v3 arrays at the step's top (as
-    Orbax lays them out); absent: nbckpt's plain zarr v2 arrays, one per leaf.
+    Orbax lays them out); absent: nbckpt's plain zarr v2 arrays, one per leaf, and
+    the packed leaves from their packs, whose index is ``packs`` (read from the
+    step's checksums files when None).
 
     Raises
     ------
@@ -136,6 +142,14 @@ def source_for(directory: Location, meta: dict[str, Any]) -> ArraySource:
         The field names a layout this version of nbckpt does not know.
     """
     arrays = meta.get("arrays")
+    packed = {m["name"]: m for m in meta.get("leaves", []) if is_packed(m)}
+    if arrays is None and packed:
+        from nbckpt.engine.restore.packed import PackedSource  # it imports this module
+
+        if packs is None:
+            packs = {}
+            read_checksums(directory, packs)
+        return PackedSource(directory, packed, packs)
     if arrays is None:
         return Zarr2Source(directory)
     if arrays == ORBAX_ARRAYS:

@@ -56,6 +56,7 @@ from nbckpt.engine.restore.targets import (
 from nbckpt.errors import CheckpointDataError, CorruptCheckpointError
 from nbckpt.formats import checksum as _checksum
 from nbckpt.formats.layout import CHECKSUMS_DIR, metadata_path, read_metadata
+from nbckpt.formats.packs import PackIndex, is_packed
 from nbckpt.formats.registry import StepFormat, layout_of
 from nbckpt.journal import JournalWriter
 from nbckpt.protocol import Event
@@ -106,9 +107,9 @@ def _check_covered(meta: dict[str, Any], wanted: set[str]) -> None:
         )
 
 
-def _recorded(directory: Location) -> _checksum.Recorded | None:
+def _recorded(directory: Location, packs: PackIndex) -> _checksum.Recorded | None:
     try:
-        return _checksum.read_checksums(directory)
+        return _checksum.read_checksums(directory, packs)
     except (OSError, ValueError) as e:
         raise CorruptCheckpointError(
             str(directory / CHECKSUMS_DIR), f"its checksums cannot be read: {e}"
@@ -229,10 +230,14 @@ def _restore_nbckpt(
     meta = read_metadata(directory)
     if meta is None:
         raise CheckpointDataError(f"cannot read {metadata_path(directory)}; run fsck on the root")
-    source = source_for(directory, meta)
     by_name = {m["name"]: m for m in meta["leaves"]}
-    recorded = _recorded(directory) if verify else None
-    if verify and recorded is None and meta.get("checksums"):
+    # The checksums files also say where packed leaves lie: read even without checks.
+    packs: PackIndex = {}
+    needed = verify or any(is_packed(m) for m in meta["leaves"])
+    read = _recorded(directory, packs) if needed else None
+    recorded = read if verify else None
+    source = source_for(directory, meta, packs)
+    if needed and read is None and meta.get("checksums"):
         # The save recorded checksums (its metadata says so): their absence is damage.
         raise CorruptCheckpointError(
             str(directory / CHECKSUMS_DIR), "its checksums are missing although the save wrote them"

@@ -47,6 +47,7 @@ from nbckpt.formats.layout import (
     write_durable,
 )
 from nbckpt.formats.orbax_write import orbax_records
+from nbckpt.formats.packs import is_packed
 from nbckpt.formats.retention import RetentionPolicy
 from nbckpt.journal import JournalWriter
 from nbckpt.protocol import (
@@ -365,8 +366,12 @@ class SaveJob:
         }
         if arrays.arrays is not None:
             meta["arrays"] = arrays.arrays  # how restore opens them
-        # Orbax's records (_METADATA, _sharding), so that Orbax restores the step too.
-        records = orbax_records(self.snap.leaves, arrays.flags, self.snap.empty)
+        # Orbax's records (_METADATA, _sharding), so that Orbax restores the step too;
+        # none where leaves are packed, which Orbax cannot read (it then says that the
+        # step has no metadata rather than fail on a leaf).
+        records: dict[str, str] = {}
+        if not any(is_packed(m) for m in self.snap.leaves):
+            records = orbax_records(self.snap.leaves, arrays.flags, self.snap.empty)
         # Nothing reads the working directory before it is published, so the records
         # and every directory entry are made durable in one batch, not one by one.
         seal_tree(work, {**records, METADATA_FILE: json.dumps(meta, indent=1)}, unsynced)

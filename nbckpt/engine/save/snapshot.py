@@ -22,6 +22,7 @@ import numpy as np
 from nbckpt.engine.arrays.tree import EMPTY, Leaf, path_str
 from nbckpt.engine.arrays.zarr import DEFAULT_CHUNK_BYTES, chunk_regions, chunk_shape
 from nbckpt.formats.orbax_write import scalar_array_dtype
+from nbckpt.formats.packs import DEFAULT_PACK_BYTES
 
 __all__ = [
     "SPLIT_MIN_BYTES",
@@ -112,14 +113,23 @@ def _scalar_json(value: bool | int | float | complex) -> Any:
 
 
 def take_snapshot(
-    leaves: list[Leaf], *, process: int, process_count: int, primary: int
+    leaves: list[Leaf],
+    *,
+    process: int,
+    process_count: int,
+    primary: int,
+    pack_bytes: int = DEFAULT_PACK_BYTES,
 ) -> Snapshot:
     """Build this process's snapshot of ``leaves``.
 
     A shard of a global ``jax.Array`` is written by the process that holds its replica
     0, so a replicated shard is written exactly once. Arrays that are local to each
     process (NumPy arrays, fully addressable jax arrays when several processes run)
-    are taken to be the same everywhere and are written by the primary only.
+    are taken to be the same everywhere and are written by the primary only. A shard
+    too small to split among its replicas is written by one of them, picked by the
+    leaf's position, so that the small replicated leaves of a state are spread over
+    the processes. Leaves of at most ``pack_bytes`` are packed
+    (:mod:`nbckpt.formats.packs`); 0 packs none.
 
     Every shard of a jax array this process writes is copied to host memory before it
     returns (see the module's description): the arrays may be donated or deleted as
@@ -131,12 +141,12 @@ def take_snapshot(
         If a jax array was already deleted (for example donated to a jitted call).
     """
     snap = Snapshot()
-    for leaf in leaves:
+    for ordinal, leaf in enumerate(leaves):
         if leaf.kind == EMPTY:
             snap.empty.append({"path": [list(p) for p in leaf.path], "node": leaf.value})
             continue
         try:
-            _snapshot_leaf(snap, leaf, process, process_count, primary)
+            _snapshot_leaf(snap, leaf, (process, process_count, primary), ordinal, pack_bytes)
         except (ValueError, RuntimeError) as e:
             raise type(e)(f"cannot snapshot leaf {path_str(leaf.path)}: {e}") from e
     # Every copy to host was started above; waiting for them one by one overlaps them.
@@ -170,9 +180,14 @@ def _host_copy(w: ShardWrite, shape: list[int], chunks: list[int]) -> np.ndarray
 
 
 def _snapshot_leaf(
-    snap: Snapshot, leaf: Leaf, process: int, process_count: int, primary: int
+    snap: Snapshot, leaf: Leaf, job: tuple[int, int, int], ordinal: int, pack_bytes: int
 ) -> None:
-    """Add one leaf's metadata, and this process's writes of it, to ``snap``."""
+    """Add one leaf's metadata, and this process's writes of it, to ``snap``.
+
+    ``job`` is (this process, the process count, the primary); ``ordinal`` the leaf's
+    position in the tree, the same on every process.
+    """
+    process, process_count, primary = job
     meta: dict[str, Any] = {
         "name": leaf.name,
         "path": [list(p) for p in leaf.path],
@@ -186,6 +201,8 @@ def _snapshot_leaf(
         scalar_dtype = scalar_array_dtype(leaf.value)
         if scalar_dtype is not None:
             meta.update(shape=[], dtype=scalar_dtype, chunks=[])
+            if pack_bytes > 0:
+                meta["packed"] = True
             if process == primary:
                 value = np.asarray(leaf.value, dtype=scalar_dtype)
                 snap.writes.append(ShardWrite(leaf.name, (), value, value.nbytes))
@@ -199,6 +216,8 @@ def _snapshot_leaf(
     shape = tuple(int(s) for s in value.shape)
     meta["shape"] = list(shape)
     meta["dtype"] = dtype.name
+    if 0 < math.prod(shape) * dtype.itemsize <= pack_bytes:
+        meta["packed"] = True
     if leaf.key_impl is not None:
         meta["key_impl"] = leaf.key_impl
     if leaf.kind == "jax":
@@ -215,8 +234,9 @@ def _snapshot_leaf(
         # written once per job by every process that holds it, not by one alone.
         parts = 1 if local else replica_count(sharding, shape)
         shard_bytes = math.prod(shard_shape) * dtype.itemsize
-        if parts > 1 and shard_bytes < parts * SPLIT_MIN_BYTES:
-            parts = 1
+        writer = 0  # the replica that writes each shard, where one writes it whole
+        if parts > 1 and (meta.get("packed") or shard_bytes < parts * SPLIT_MIN_BYTES):
+            writer, parts = ordinal % parts, 1
         if parts == 1:
             chunks = chunk_shape(shard_shape, dtype.itemsize)
         else:
@@ -224,7 +244,8 @@ def _snapshot_leaf(
             chunks = chunk_shape(shard_shape, dtype.itemsize, max_bytes=split)
         if not local or process == primary:
             for shard in value.addressable_shards:
-                if shard.replica_id >= parts:
+                ours = shard.replica_id < parts if parts > 1 else shard.replica_id == writer
+                if not ours:
                     continue
                 data = shard.data
                 data.copy_to_host_async()
@@ -233,9 +254,8 @@ def _snapshot_leaf(
                     for i, (region, _) in enumerate(chunk_regions(shard.index, shape, chunks))
                     if i % parts == shard.replica_id
                 )
-                snap.writes.append(
-                    ShardWrite(leaf.name, shard.index, data, nbytes, shard.replica_id, parts)
-                )
+                part = shard.replica_id if parts > 1 else 0
+                snap.writes.append(ShardWrite(leaf.name, shard.index, data, nbytes, part, parts))
         meta["chunks"] = chunks
         snap.leaves.append(meta)
         return

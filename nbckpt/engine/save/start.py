@@ -72,7 +72,7 @@ def start_save(
         persistent = options.tiers.persistent(step)
     if tier is None:
         persistent = True  # without a local tier, the root is the only place
-    arrays = format_for(format or options.format)
+    arrays = format_for(format or options.format, options.pack_bytes)
     timeout = check_timeout(timeout_s or options.timeout_s, "timeout_s")
     local: BaseException | None = None
     leaves: list[Any] = []
@@ -83,6 +83,7 @@ def start_save(
     plan = save_plan(
         leaves,
         format=arrays.name,
+        pack_bytes=arrays.pack_bytes,
         mode=strategy.mode,
         force=force,
         timeout_s=timeout,
@@ -118,7 +119,13 @@ def start_save(
     )
     try:
         hooks.fire(Phase.SNAPSHOT)
-        snap = take_snapshot(leaves, process=me, process_count=n, primary=ctx.primary)
+        snap = take_snapshot(
+            leaves,
+            process=me,
+            process_count=n,
+            primary=ctx.primary,
+            pack_bytes=arrays.pack_bytes,
+        )
     except Exception as e:
         ctx.preflight.release(op)  # nothing but the claim was written
         kept = is_complete(step_dir(ctx.root, step))

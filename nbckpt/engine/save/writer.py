@@ -12,17 +12,20 @@ from typing import Any
 import numpy as np
 import tensorstore as ts
 
+from nbckpt import storage
 from nbckpt.engine import hooks
 from nbckpt.engine.arrays.zarr import (
     ZARRAY,
     chunk_key,
     chunk_regions,
+    context,
     create_array_async,
     open_for_write_async,
 )
 from nbckpt.engine.progress import ProgressReport
 from nbckpt.engine.save.snapshot import Snapshot
 from nbckpt.formats import checksum as _checksum
+from nbckpt.formats.packs import PACK_KEY, is_packed, pack_entry, pack_file
 from nbckpt.storage import Location
 
 __all__ = [
@@ -33,7 +36,7 @@ __all__ = [
 
 
 def create_arrays(directory: Location, snap: Snapshot, *, sync: bool = True) -> list[Location]:
-    """Create the (empty) zarr array of every array leaf under ``directory``.
+    """Create the (empty) zarr array of every leaf not packed under ``directory``.
 
     All creations are started before any is waited for: each one makes a directory
     and writes a ``.zarray`` file, and one after the other they add up. With ``sync``
@@ -44,7 +47,7 @@ def create_arrays(directory: Location, snap: Snapshot, *, sync: bool = True) -> 
     list
         The ``.zarray`` file of every array created.
     """
-    leaves = array_leaves(snap)
+    leaves = [meta for meta in array_leaves(snap) if not is_packed(meta)]
     futures = [
         create_array_async(
             directory / meta["name"],
@@ -79,6 +82,7 @@ def write_shards(
     checksums: dict[str, Any] | None = None,
     open_store: Callable[[str], ts.Future[ts.TensorStore]] | None = None,
     issued: Callable[[], None] | None = None,
+    process: int | None = None,
 ) -> int:
     """Write this process's shards into the arrays under ``directory``.
 
@@ -98,6 +102,11 @@ def write_shards(
     under ``directory``, opened from the snapshot's metadata: its ``.zarray`` need not
     exist yet). ``issued`` runs once every write is issued and every checksum is in
     ``checksums``, while the writes are still in flight.
+
+    The chunks of packed leaves (``"packed"`` in their metadata) go into one file,
+    this ``process``'s pack, written (and fsync'd) with one request once the other
+    writes are issued; ``checksums`` then receives its index
+    (:mod:`nbckpt.formats.packs`).
 
     Under an injected slowdown (``%ckpt_fault slow-io``, :func:`hooks.io_slowdown`
     ``factor`` > 1) the chunks are written one at a time instead, and after each one
@@ -120,8 +129,10 @@ def write_shards(
         return open_for_write_async(directory / leaf, m["shape"], np.dtype(m["dtype"]), m["chunks"])
 
     opener = open_store or open_leaf
+    packed = {name for name, m in metas.items() if is_packed(m)}
     # Every leaf's opening is started before any is waited for.
-    openings = {w.leaf: opener(w.leaf) for w in snap.writes}
+    openings = {w.leaf: opener(w.leaf) for w in snap.writes if w.leaf not in packed}
+    pack = _Pack()
     stores: dict[str, Any] = {}
     slowdown = hooks.io_slowdown()
     waiter = _Waiter(watch, watch_interval_s)
@@ -135,9 +146,11 @@ def write_shards(
         checksums[_checksum.ALGORITHM_KEY] = algorithm
     try:
         for w in snap.writes:
-            store = stores.get(w.leaf)
-            if store is None:
-                store = stores[w.leaf] = openings[w.leaf].result()
+            store = None
+            if w.leaf not in packed:
+                store = stores.get(w.leaf)
+                if store is None:
+                    store = stores[w.leaf] = openings[w.leaf].result()
             host = np.asarray(w.data)  # for a device array, waits for its host copy
             itemsize = host.dtype.itemsize
             regions = chunk_regions(w.index, shapes_of[w.leaf], chunks_of[w.leaf])
@@ -146,7 +159,10 @@ def write_shards(
                     continue  # another replica of this shard writes that chunk
                 part = host[local]
                 nbytes = math.prod(part.shape) * itemsize
-                if slowdown > 1:
+                key = chunk_key(glob, chunks_of[w.leaf])
+                if store is None:
+                    pack.add(w.leaf, key, part)
+                elif slowdown > 1:
                     deferred.append((store[glob], part, nbytes))
                 else:
                     fut = store[glob].write(part, can_reference_source_data_indefinitely=True)
@@ -154,13 +170,17 @@ def write_shards(
                 if checksums is not None:
                     # Computed while tensorstore's threads write the chunk; neither CRC
                     # holds the GIL while it runs.
-                    key = chunk_key(glob, chunks_of[w.leaf])
                     checksums.setdefault(w.leaf, {})[key] = _checksum.checksum(part, algorithm)
                 # Issuing (host copies, checksums) can take seconds: report what completed.
                 while counted < len(pending) and pending[counted][0].done():
                     pending[counted][0].result()
                     report.add(pending[counted][1])
                     counted += 1
+        if pack.parts:
+            if process is None or checksums is None:
+                raise ValueError("packed leaves need the writing process and a checksums file")
+            pending.append((pack.write(directory, process), pack.nbytes))
+            checksums[PACK_KEY] = pack_entry(process, pack.index)
         if issued is not None:
             issued()
         for fut, nbytes in pending[counted:]:
@@ -180,6 +200,27 @@ def write_shards(
         _settle(pending)
         raise
     return report.done
+
+
+class _Pack:
+    """This process's packed chunks, gathered in order, and where each one lies."""
+
+    def __init__(self) -> None:
+        self.parts: list[np.ndarray] = []
+        self.index: dict[str, dict[str, list[int]]] = {}
+        self.nbytes = 0
+
+    def add(self, leaf: str, key: str, part: np.ndarray) -> None:
+        data = np.ascontiguousarray(part)
+        self.index.setdefault(leaf, {})[key] = [self.nbytes, data.nbytes]
+        self.parts.append(data)
+        self.nbytes += data.nbytes
+
+    def write(self, directory: Location, process: int) -> Any:
+        """Start writing the pack (fsync'd before the returned future completes)."""
+        blob = b"".join(p.tobytes() for p in self.parts)
+        kv = ts.KvStore.open(storage.kvstore_spec(directory), context=context()).result()
+        return kv.write(pack_file(process), blob)
 
 
 #: How long a failed write waits for the chunk writes it had issued to settle.

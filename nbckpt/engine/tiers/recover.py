@@ -37,6 +37,7 @@ from nbckpt.engine.tiers.units import (
 )
 from nbckpt.formats.checksum import ALGORITHM_KEY
 from nbckpt.formats.layout import is_complete, read_metadata, write_durable
+from nbckpt.formats.packs import PACK_KEY, is_packed
 from nbckpt.journal import JournalWriter
 from nbckpt.protocol import Event, Tier
 
@@ -120,7 +121,10 @@ def _boxes(sharding: Any, shape: tuple[int, ...]) -> Iterator[tuple[slice, ...]]
 
 
 def needed_chunks(meta: dict[str, Any], target: Any) -> dict[str, set[str]]:
-    """The chunk keys of each leaf that this process's restore into ``target`` reads."""
+    """The chunk keys of each leaf that this process's restore into ``target`` reads.
+
+    Every chunk of a packed leaf: it is read whole, from every pack that holds part of it.
+    """
     by_name = {m["name"]: m for m in meta["leaves"]}
     wanted: list[tuple[dict[str, Any], Any]] = []
     if target is None:
@@ -138,7 +142,8 @@ def needed_chunks(meta: dict[str, Any], target: Any) -> dict[str, set[str]]:
         shape = tuple(int(d) for d in m.get("shape", ()))
         chunks = [int(c) for c in m.get("chunks", [1] * len(shape))]
         keys = found.setdefault(m["name"], set())
-        for box in _boxes(sharding, shape):
+        whole = tuple(slice(0, d) for d in shape)
+        for box in [whole] if is_packed(m) else _boxes(sharding, shape):
             for glob, _local in chunk_regions(box, shape, chunks):
                 keys.add(chunk_key(glob, chunks))
     return found
@@ -205,6 +210,7 @@ def gather_local(
                 _fetched(journal, address, host, process, got, t0, whole=True)
             else:
                 wanted[ALGORITHM_KEY] = sums.get(ALGORITHM_KEY)
+                _keep_packed(wanted, sums.get(PACK_KEY))
                 partial.append((process, host, {k: v for k, v in wanted.items() if v}))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -225,6 +231,19 @@ def gather_local(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return staging / mine.name, staging
+
+
+def _keep_packed(wanted: dict[str, Any], pack: object) -> None:
+    """Add to a partial unit's checksums the index of the packed chunks it keeps."""
+    if not isinstance(pack, dict) or not isinstance(pack.get("chunks"), dict):
+        return
+    chunks = {
+        leaf: {k: v for k, v in pack["chunks"].get(leaf, {}).items() if k in keys}
+        for leaf, keys in wanted.items()
+        if isinstance(keys, dict)
+    }
+    if kept := {leaf: c for leaf, c in chunks.items() if c}:
+        wanted[PACK_KEY] = {**pack, "chunks": kept}
 
 
 def _fetched(

@@ -2,7 +2,8 @@
 
 A local copy of a step is laid out like any nbckpt step, but holds only some
 processes' shards. What a process wrote is its *unit*: its checksums file
-``_CHECKSUMS/process_<q>.json`` and the chunk files it lists. A unit is always placed
+``_CHECKSUMS/process_<q>.json`` and the chunk files it lists (and its pack of small
+leaves, ``_PACKED/process_<q>``, which the file indexes). A unit is always placed
 with its checksums file last, after every chunk it lists is durable, so a copy holds
 process ``q``'s shards exactly when that file is there; a restore that reads a chunk
 of a unit that is not there fails on the chunk's missing checksum, never on zeros.
@@ -22,8 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from nbckpt.engine.tiers.peers import fetch, list_files
-from nbckpt.formats.checksum import ALGORITHM_KEY
 from nbckpt.formats.layout import CHECKSUMS_DIR, fsync_dir
+from nbckpt.formats.packs import unit_files
 
 __all__ = [
     "checksums_file",
@@ -49,16 +50,6 @@ def held_processes(step: Path) -> list[int]:
     except FileNotFoundError:
         return []
     return sorted(int(m.group(1)) for n in names if (m := _SUMS.fullmatch(n)))
-
-
-def unit_files(sums: dict[str, object]) -> list[str]:
-    """The chunk files a checksums file lists, relative to the step."""
-    return [
-        f"{leaf}/{key}"
-        for leaf, keys in sums.items()
-        if leaf != ALGORITHM_KEY and isinstance(keys, dict)
-        for key in keys
-    ]
 
 
 def is_skeleton(relpath: str) -> bool:

@@ -1,0 +1,203 @@
+"""Reading packed leaves: a few requests per pack, not several per leaf.
+
+A step's small leaves live in one file per process (:mod:`nbckpt.formats.packs`).
+:class:`PackedSource` serves them to a restore like any other array: opening one only
+registers it, and the first time any of them is waited for, every byte range the
+registered leaves need is read at once, neighbours coalesced into one request per
+stretch of a pack. Each leaf is then assembled in memory and handed over as an
+in-memory tensorstore array, so that the restore reads, checks (against the recorded
+checksums) and places it as it does a leaf of its own zarr array.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Iterable
+from concurrent.futures import Future
+from typing import Any
+
+import numpy as np
+import tensorstore as ts
+
+from nbckpt import storage
+from nbckpt.engine.arrays.tree import path_str
+from nbckpt.engine.arrays.zarr import chunk_key, chunk_regions, context
+from nbckpt.engine.restore.sources import Zarr2Source
+from nbckpt.errors import CorruptCheckpointError
+from nbckpt.formats.packs import PackedChunk, PackIndex
+from nbckpt.storage import Location
+
+__all__ = ["COALESCE_GAP_BYTES", "PackedSource"]
+
+#: Byte ranges of one pack closer than this are read with one request.
+COALESCE_GAP_BYTES = 1 << 20
+
+#: A stretch of one pack read with one request: (file, start, stop).
+_Span = tuple[str, int, int]
+
+
+class PackedSource:
+    """nbckpt's own layout with packed leaves: those from the packs, the rest as usual.
+
+    Parameters
+    ----------
+    directory
+        The step.
+    leaves
+        The metadata of every packed leaf, by name.
+    index
+        Where each packed chunk lies (from the step's checksums files).
+    """
+
+    def __init__(
+        self, directory: Location, leaves: dict[str, dict[str, Any]], index: PackIndex
+    ) -> None:
+        self.directory = directory
+        self._arrays = Zarr2Source(directory)
+        self._leaves = leaves
+        self._index = index
+        self._lock = threading.Lock()
+        self._waiting: list[str] = []
+        self._spans: dict[_Span, Future[bytes]] = {}
+
+    def open(self, name: str) -> Any:
+        """Start opening leaf ``name``: a packed one is read with the others, later."""
+        if name not in self._leaves:
+            return self._arrays.open(name)
+        with self._lock:
+            self._waiting.append(name)
+        return _Opening(self, name)
+
+    def location(self, name: str, key: str | None = None) -> str:
+        """The pack that holds the chunk (or the leaf), or the leaf's array."""
+        if name not in self._leaves:
+            return self._arrays.location(name, key)
+        chunks = self._index.get(name, {})
+        where = chunks.get(key) if key is not None else next(iter(chunks.values()), None)
+        if where is None:
+            return f"{self.directory} (packed leaf {name})"
+        return (
+            f"{self.directory / where.file} (leaf {name}, chunk {key or '0'}, bytes "
+            f"{where.offset}-{where.offset + where.nbytes})"
+        )
+
+    def note(self) -> str | None:
+        """Nothing: the chunks are checked against their recorded checksums."""
+        return None
+
+    def _chunks(self, name: str) -> Iterable[tuple[tuple[slice, ...], PackedChunk | None]]:
+        meta = self._leaves[name]
+        whole = tuple(slice(0, d) for d in meta["shape"])
+        recorded = self._index.get(name, {})
+        for glob, _ in chunk_regions(whole, meta["shape"], meta["chunks"]):
+            yield glob, recorded.get(chunk_key(glob, meta["chunks"]))
+
+    def _fetch(self) -> None:
+        """Issue the reads of every registered leaf not read yet, coalesced per pack."""
+        with self._lock:
+            names, self._waiting = self._waiting, []
+            wanted: dict[str, list[tuple[int, int]]] = {}
+            for name in names:
+                for _, where in self._chunks(name):
+                    if where is not None and not self._covered(where):
+                        wanted.setdefault(where.file, []).append(
+                            (where.offset, where.offset + where.nbytes)
+                        )
+            if not wanted:
+                return
+            kv = ts.KvStore.open(storage.kvstore_spec(self.directory), context=context()).result()
+            for file, ranges in wanted.items():
+                for start, stop in _coalesce(ranges):
+                    self._spans[file, start, stop] = _read(kv, file, start, stop)
+
+    def _covered(self, where: PackedChunk) -> bool:
+        end = where.offset + where.nbytes
+        return any(f == where.file and a <= where.offset and end <= b for f, a, b in self._spans)
+
+    def _bytes(self, name: str, key: str, where: PackedChunk) -> memoryview:
+        end = where.offset + where.nbytes
+        span = next(
+            s for s in self._spans if s[0] == where.file and s[1] <= where.offset and end <= s[2]
+        )
+        try:
+            data = self._spans[span].result()
+        except FileNotFoundError:
+            raise self._damaged(name, key, f"its pack {where.file} is missing") from None
+        except ValueError as e:
+            if not str(e).startswith("OUT_OF_RANGE"):
+                raise
+            raise self._damaged(name, key, f"its pack {where.file} is cut short") from None
+        piece = memoryview(data)[where.offset - span[1] : end - span[1]]
+        if len(piece) != where.nbytes:
+            raise self._damaged(name, key, f"its pack {where.file} is cut short")
+        return piece
+
+    def _damaged(self, name: str, key: str | None, detail: str) -> CorruptCheckpointError:
+        meta = self._leaves[name]
+        where = path_str(tuple((k, v) for k, v in meta.get("path", [])))
+        chunk = f"chunk {key}: " if key is not None else ""
+        return CorruptCheckpointError(
+            self.location(name, key), f"leaf {where} ({name}): {chunk}{detail}"
+        )
+
+    def assemble(self, name: str) -> ts.TensorStore:
+        """Leaf ``name`` from the packs, as an in-memory array (after :meth:`_fetch`)."""
+        self._fetch()
+        meta = self._leaves[name]
+        dtype = np.dtype(meta["dtype"])
+        out = np.empty(tuple(meta["shape"]), dtype)
+        for glob, where in self._chunks(name):
+            key = chunk_key(glob, meta["chunks"])
+            if where is None:
+                raise self._damaged(name, key, "the packs hold no such chunk")
+            shape = tuple(s.stop - s.start for s in glob)
+            if where.nbytes != math.prod(shape) * dtype.itemsize:
+                raise self._damaged(name, key, f"its packed size {where.nbytes} is wrong")
+            piece = self._bytes(name, key, where)
+            out[glob] = np.frombuffer(piece, dtype).reshape(shape)
+        return ts.array(out)
+
+
+class _Opening:
+    """The opening of one packed leaf: a future in the way tensorstore's are used."""
+
+    def __init__(self, source: PackedSource, name: str) -> None:
+        self._source = source
+        self._name = name
+        self._store: ts.TensorStore | None = None
+
+    def result(self, timeout: float | None = None) -> ts.TensorStore:
+        if self._store is None:
+            self._store = self._source.assemble(self._name)
+        return self._store
+
+
+def _coalesce(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Merge byte ranges that overlap or lie less than ``COALESCE_GAP_BYTES`` apart."""
+    merged: list[tuple[int, int]] = []
+    for start, stop in sorted(ranges):
+        if merged and start - merged[-1][1] < COALESCE_GAP_BYTES:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], stop))
+        else:
+            merged.append((start, stop))
+    return merged
+
+
+def _read(kv: ts.KvStore, file: str, start: int, stop: int) -> Future[bytes]:
+    """Start reading bytes ``start:stop`` of ``file``; a missing file fails the future."""
+    out: Future[bytes] = Future()
+
+    def done(f: ts.Future[ts.KvStore.ReadResult]) -> None:
+        try:
+            result = f.result()
+        except Exception as e:
+            out.set_exception(e)
+            return
+        if result.state != "value":
+            out.set_exception(FileNotFoundError(file))
+        else:
+            out.set_result(bytes(result.value))
+
+    kv.read(file, byte_range=slice(start, stop)).add_done_callback(done)
+    return out

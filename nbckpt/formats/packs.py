@@ -1,0 +1,122 @@
+"""Small leaves packed per process: one file and an index instead of a file per chunk.
+
+A leaf of at most :data:`DEFAULT_PACK_BYTES` (the save's ``pack_bytes``) is not stored
+as its own zarr array: every process appends the chunks of such leaves that it writes
+to one file, ``<step>/_PACKED/process_<i>``, and records where each chunk lies in its
+checksums file, next to the chunk's checksum::
+
+    {"#algorithm": "crc32c",
+     "<leaf>": {"<chunk key>": <uint32>, ...},
+     "#packed": {"file": "_PACKED/process_<i>",
+                 "chunks": {"<leaf>": {"<chunk key>": [<offset>, <nbytes>], ...}, ...}}}
+
+A chunk's bytes are the chunk in C order, exactly as a chunk file of a zarr array holds
+them, so the same checksum covers them. The leaf's entry in the step's metadata says
+``"packed": true``; its shape, dtype and chunk grid are there as for any leaf. One file
+and one fsync per process replace a directory, a ``.zarray``, a chunk file and an fsync
+per small leaf; a restore reads each pack with one request.
+
+Orbax reads zarr arrays only: a step with packed leaves carries no Orbax records
+(``_METADATA``), and a save with ``pack_bytes=0`` packs nothing, for steps Orbax must
+restore. Needs neither jax nor tensorstore.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "DEFAULT_PACK_BYTES",
+    "PACK_DIR",
+    "PACK_KEY",
+    "PackIndex",
+    "PackedChunk",
+    "is_packed",
+    "pack_entry",
+    "pack_file",
+    "parse_pack",
+    "unit_files",
+]
+
+#: Leaves of at most this many bytes (the whole array) are packed by default: below
+#: it a file of its own costs more (create, fsync, open) than its bytes take to move.
+DEFAULT_PACK_BYTES = 1 << 20
+#: The folder of a step that holds the packs.
+PACK_DIR = "_PACKED"
+#: The entry of a checksums file that indexes its process's pack.
+PACK_KEY = "#packed"
+
+
+@dataclass(frozen=True)
+class PackedChunk:
+    """Where one chunk of a packed leaf lies: a file of the step, and a byte range."""
+
+    file: str
+    offset: int
+    nbytes: int
+
+
+#: Leaf name -> chunk key -> where its bytes are, merged over every process.
+PackIndex = dict[str, dict[str, PackedChunk]]
+
+
+def pack_file(process: int) -> str:
+    """The pack of ``process``, relative to its step."""
+    return f"{PACK_DIR}/process_{process}"
+
+
+def is_packed(meta: dict[str, Any]) -> bool:
+    """Whether a leaf's metadata says it is stored in the packs."""
+    return bool(meta.get("packed"))
+
+
+def pack_entry(process: int, chunks: dict[str, dict[str, list[int]]]) -> dict[str, Any]:
+    """The ``"#packed"`` entry of ``process``'s checksums file."""
+    return {"file": pack_file(process), "chunks": chunks}
+
+
+def parse_pack(entry: object, where: str, into: PackIndex) -> None:
+    """Add the chunks of one checksums file's ``"#packed"`` entry to ``into``.
+
+    Raises
+    ------
+    ValueError
+        If the entry is not of the expected shape (``where`` names its file).
+    """
+    if not isinstance(entry, dict) or not isinstance(entry.get("file"), str):
+        raise ValueError(f"{where}: its {PACK_KEY!r} entry names no file")
+    file, chunks = entry["file"], entry.get("chunks")
+    if file.startswith("/") or ".." in file.split("/") or not isinstance(chunks, dict):
+        raise ValueError(f"{where}: its {PACK_KEY!r} entry is malformed")
+    for leaf, keys in chunks.items():
+        if not isinstance(keys, dict):
+            raise ValueError(f"{where}: the packed chunks of leaf {leaf!r} are malformed")
+        for key, span in keys.items():
+            if (
+                not isinstance(span, list)
+                or len(span) != 2
+                or not all(isinstance(v, int) and v >= 0 for v in span)
+            ):
+                raise ValueError(f"{where}: packed chunk {key} of leaf {leaf!r} is malformed")
+            into.setdefault(leaf, {})[str(key)] = PackedChunk(file, span[0], span[1])
+
+
+def unit_files(sums: dict[str, Any]) -> list[str]:
+    """The data files one process's checksums file lists, relative to the step.
+
+    A chunk file ``<leaf>/<key>`` per chunk stored in its own array, and the pack if
+    the file indexes packed chunks.
+    """
+    entry = sums.get(PACK_KEY)
+    packed = entry.get("chunks", {}) if isinstance(entry, dict) else {}
+    files = [
+        f"{leaf}/{key}"
+        for leaf, keys in sums.items()
+        if not leaf.startswith("#") and isinstance(keys, dict)
+        for key in keys
+        if key not in packed.get(leaf, {})
+    ]
+    if packed and isinstance(entry, dict):
+        files.append(str(entry["file"]))
+    return files
