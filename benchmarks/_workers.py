@@ -57,7 +57,7 @@ class _Peak:
 
 # -- the state ------------------------------------------------------------------------
 
-LAYOUTS = ("fsdp", "replicated", "mesh2d", "small")
+LAYOUTS = ("fsdp", "replicated", "mesh2d", "small", "transformer", "many")
 """The state layouts :func:`build` makes, in the order the reports list them."""
 
 _COLS = 1024
@@ -182,6 +182,8 @@ def build(nbytes: int, leaves: int = LEAVES, layout: str = "fsdp") -> dict[str, 
         ``P("data", "model")`` and ``P(None, "model")`` (replicated over "data").
         ``small``: a nested optimizer-like state: six large fsdp leaves, 384 small
         replicated ones (1-64 KiB), 0-d jax arrays and Python scalars.
+        ``transformer``: a 12-layer transformer's parameters and AdamW state (445
+        leaves, see ``_states``); ``many``: the same with 111 layers (4,009 leaves).
 
     Returns
     -------
@@ -189,7 +191,7 @@ def build(nbytes: int, leaves: int = LEAVES, layout: str = "fsdp") -> dict[str, 
         ``total``: the unique bytes of the state's jax arrays; ``owned``: the bytes of
         this process's shards, replicas included; ``unique_owned``: this process's
         even share of ``total``, what it would write if each unique byte were
-        written once.
+        written once; ``leaves``: how many leaves the tree has.
     """
     import jax
 
@@ -200,6 +202,11 @@ def build(nbytes: int, leaves: int = LEAVES, layout: str = "fsdp") -> dict[str, 
         tree = _tree_mesh2d(nbytes, leaves)
     elif layout == "small":
         tree = _tree_small(nbytes)
+    elif layout in ("transformer", "many"):
+        from _states import MANY_LAYERS, TRANSFORMER_LAYERS, tree_transformer
+
+        layers = TRANSFORMER_LAYERS if layout == "transformer" else MANY_LAYERS
+        tree = tree_transformer(nbytes, layers, _random)
     else:
         raise ValueError(f"unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}")
     jax.block_until_ready(tree)
@@ -209,7 +216,8 @@ def build(nbytes: int, leaves: int = LEAVES, layout: str = "fsdp") -> dict[str, 
     procs, index = jax.process_count(), jax.process_index()
     unique_owned = total // procs + (1 if index < total % procs else 0)
     _state.update(tree=tree, layout=layout, unique_owned=unique_owned)
-    return {"total": total, "owned": owned, "unique_owned": unique_owned}
+    leaves = len(jax.tree.leaves(tree))
+    return {"total": total, "owned": owned, "unique_owned": unique_owned, "leaves": leaves}
 
 
 def _abstract() -> Any:

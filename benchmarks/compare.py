@@ -12,8 +12,10 @@ plain files (each unique byte written once per job, split evenly among the
 processes, ``fdatasync``'d, and read back: the raw limit), alternating the order every
 repetition. The states (``_workers.LAYOUTS``) are ``fsdp`` (8 float32 arrays sharded
 over every device), ``replicated`` (the same arrays whole on every device), ``mesh2d``
-(a 2-D mesh, partly replicated) and ``small`` (an optimizer-like tree of a few large
-leaves, hundreds of small ones and scalars). ``--sizes`` are the sizes of the
+(a 2-D mesh, partly replicated), ``small`` (an optimizer-like tree of a few large
+leaves, hundreds of small ones and scalars), ``transformer`` (a transformer's
+parameters and AdamW state, 445 leaves) and ``many`` (the same, 4,009 leaves).
+``--sizes`` are the sizes of the
 ``fsdp`` state, which is also written with plain tensorstore (one uncompressed zarr
 chunk per shard, fsync'd); ``--state-sizes`` those of every state in ``--states``.
 A state and size in both grids is measured once. The page cache is dropped before
@@ -84,6 +86,7 @@ class SizeResult:
     owned: int
     layout: str = "fsdp"
     unique_owned: int = 0
+    leaves: int = 0
     nb_blocked: list[float] = field(default_factory=list)
     nb_commit: list[float] = field(default_factory=list)
     nb_restore: list[float] = field(default_factory=list)
@@ -189,6 +192,7 @@ def bench_size(
         owned=max(b["owned"] for b in built),
         layout=layout,
         unique_owned=max(b["unique_owned"] for b in built),
+        leaves=built[0].get("leaves", 0),
     )
     tag = f"{layout}-s{res.nbytes}"
 
@@ -364,6 +368,20 @@ def ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}x"
 
 
+def spread(other: Sequence[float], nb: Sequence[float]) -> str:
+    """nbckpt's speed over the other's, per repetition: ``median (min-max)``.
+
+    Each repetition pairs the two times measured in it (``other[i] / nb[i]``: above 1
+    nbckpt is faster), so the spread shows how much the noisy machine moved the ratio.
+    """
+    ratios = sorted(o / b for o, b in zip(other, nb, strict=False) if b > 0 and o == o)
+    if not ratios:
+        return "n/a"
+    if len(ratios) == 1:
+        return f"{ratios[0]:.2f}x"
+    return f"{statistics.median(ratios):.2f}x ({ratios[0]:.2f}-{ratios[-1]:.2f})"
+
+
 def num(x: float, spec: str) -> str:
     """A number, or n/a for NaN."""
     return "n/a" if x != x else format(x, spec)
@@ -408,10 +426,12 @@ def states_table(rows: Sequence[StateRow], processes: int, reps: int) -> list[st
     lines = [
         f"### States ({processes} processes, medians of {reps})",
         "",
-        "| state | size | owned / unique share per process | save blocks: nbckpt | Orbax | "
-        "durable save: nbckpt | Orbax | raw limit | nbckpt/raw | cold restore: nbckpt | "
-        "Orbax | raw read limit | nbckpt/raw | restore / fsdp restore |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| state | size | leaves | owned / unique share per process | save blocks: nbckpt | "
+        "Orbax | durable save: nbckpt | Orbax | raw limit | nbckpt/raw | nbckpt/Orbax | "
+        "cold restore: nbckpt | Orbax | raw read limit | nbckpt/raw | nbckpt/Orbax | "
+        "restore / fsdp restore |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
+        "| --- | --- | --- |",
     ]
     for s, ref in rows:
         n = s.nbytes
@@ -419,12 +439,14 @@ def states_table(rows: Sequence[StateRow], processes: int, reps: int) -> list[st
         nb_r, ob_r, lim_r = med(s.nb_restore), med(s.ob_restore), med(s.lim_read)
         vs_fsdp = ratio(nb_r, med(ref.nb_restore)) if ref is not None else "n/a"
         lines.append(
-            f"| {s.layout} | {fmt_size(n)} | {fmt_size(s.owned)} / {fmt_size(s.unique_owned)} "
+            f"| {s.layout} | {fmt_size(n)} | {s.leaves} "
+            f"| {fmt_size(s.owned)} / {fmt_size(s.unique_owned)} "
             f"| {med(s.nb_blocked) * 1e3:.1f} ms | {num(med(s.ob_blocked) * 1e3, '.1f')} ms "
             f"| {secs(nb_c)} | {secs(ob_c)} | {secs(lim_w)} = {num(gbps(n, lim_w), '.2f')} "
-            f"GB/s | {ratio(gbps(n, nb_c), gbps(n, lim_w))} "
+            f"GB/s | {spread(s.lim_write, s.nb_commit)} | {spread(s.ob_commit, s.nb_commit)} "
             f"| {secs(nb_r)} | {secs(ob_r)} | {secs(lim_r)} = {num(gbps(n, lim_r), '.2f')} "
-            f"GB/s | {ratio(gbps(n, nb_r), gbps(n, lim_r))} | {vs_fsdp} |"
+            f"GB/s | {spread(s.lim_read, s.nb_restore)} | {spread(s.ob_restore, s.nb_restore)} "
+            f"| {vs_fsdp} |"
         )
     lines += [
         "",
@@ -433,7 +455,9 @@ def states_table(rows: Sequence[StateRow], processes: int, reps: int) -> list[st
         "job: every process writes its even share (the unique share) as one plain file "
         "(`os.write`, `fdatasync`, directory `fsync`) and, after the page cache is "
         "dropped, reads it back, both timed between two barriers. nbckpt/raw is nbckpt's "
-        "throughput over the limit's (higher is better, 1x is the limit). The last column "
+        "throughput over the limit's (higher is better, 1x is the limit), and nbckpt/Orbax "
+        "its throughput over Orbax's: each the median over repetitions of the ratio within "
+        "one repetition, with the smallest and largest in parentheses. The last column "
         "is nbckpt's cold restore time over that of the `fsdp` state of the same size "
         f"(the `replicated` state has the same bytes; target <= {REPLICATED_BOUND}x).",
         "",
@@ -783,7 +807,10 @@ def main(argv: list[str] | None = None) -> int:
         'arrays whole on every device; `mesh2d`, a ("data", "model") mesh of shape '
         '(2, n/2) ((1, n) for an odd n), leaves alternating between `P("data", "model")` and '
         '`P(None, "model")`; `small`, a nested optimizer-like tree: six large `fsdp` '
-        "leaves, 384 replicated leaves of 1-64 KiB, 0-d arrays and Python scalars. Per "
+        "leaves, 384 replicated leaves of 1-64 KiB, 0-d arrays and Python scalars; "
+        "`transformer`, a 12-layer transformer's parameters and AdamW `mu` and `nu` "
+        "(embedding, per layer four FSDP-sharded matrices, four biases and two layer norms "
+        "replicated, 445 leaves); `many`, the same with 111 layers (4,009 leaves). Per "
         "repetition, in rotating order: nbckpt (`AsyncCheckpointer.save` + "
         "`wait_until_finished`, restore into the same shardings), Orbax "
         "(`ocp.AsyncCheckpointer(ocp.StandardCheckpointHandler())`, its durable "

@@ -58,10 +58,17 @@ def make_state() -> dict[str, Any]:
     }
 
 
-def save(root: str, step: int, *, mode: str = "rename", format: str | None = None) -> str | None:
+def save(
+    root: str,
+    step: int,
+    *,
+    mode: str = "rename",
+    format: str | None = None,
+    pack_bytes: int | None = None,
+) -> str | None:
     """Save the state as ``step`` and wait for the commit; return the operation id."""
     ckptr = AsyncCheckpointer(root, mode=mode)  # type: ignore[arg-type]
-    ckptr.save(step, make_state(), format=format)
+    ckptr.save(step, make_state(), format=format, pack_bytes=pack_bytes)
     ckptr.wait_until_finished()
     return ckptr.last_op
 

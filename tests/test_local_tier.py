@@ -135,7 +135,7 @@ def _fetched_from(result: dict[str, Any]) -> set[int]:
 def test_a_wiped_host_gets_the_newest_local_step_from_its_peers(tmp_path: Path) -> None:
     root = str(tmp_path / "root")
     dirs = [str(tmp_path / f"host{i}") for i in range(4)]
-    saved = _save(root, dirs, [0, 1, 2, 3], persistent_every=2, local_replicas=1)
+    saved = _save(root, dirs, [0, 1, 2, 3], persistent_every=2, local_replicas=1, pack_bytes=0)
     assert all_steps(root) == [0, 2]  # 1 and 3 live only in the local tier
     labels = [_label(root, op) for op in saved[0]["ops"]]
     assert labels[2:] == ["save 2 (local tier + root)", "save 3 (local tier only)"]
@@ -170,6 +170,23 @@ def test_a_wiped_host_gets_the_newest_local_step_from_its_peers(tmp_path: Path) 
 
 
 @pytest.mark.multihost
+def test_a_wiped_host_gets_the_packs_of_small_leaves_from_its_peers(tmp_path: Path) -> None:
+    """Every leaf here is small, so packed: the replacement needs every peer's pack."""
+    root = str(tmp_path / "root")
+    dirs = [str(tmp_path / f"host{i}") for i in range(4)]
+    _save(root, dirs, [0, 1], persistent_every=2, local_replicas=1)
+    assert all((_local(d, root) / "1" / "_PACKED").is_dir() for d in dirs)
+    shutil.rmtree(dirs[2])
+    results = _restore(root, dirs)
+    assert [r["step"] for r in results] == [1] * 4 and all(r["same"] for r in results)
+    assert _fetched_from(results[2]) == {0, 1, 2, 3}  # the sharded w lies in every pack
+    whole = {e["processes"][0]: e["whole"] for e in results[2]["events"] if e["event"] == "fetched"}
+    assert whole[2] is True  # its own unit, pack included, back in its host's copy
+    assert (_local(dirs[2], root) / "1" / "_PACKED" / "process_2").is_file()
+    assert not [p for d in dirs for p in _local(d, root).iterdir() if p.name.startswith(".")]
+
+
+@pytest.mark.multihost
 def test_two_adjacent_hosts_lost_with_one_replica_fall_back_to_the_root(tmp_path: Path) -> None:
     root = str(tmp_path / "root")
     dirs = [str(tmp_path / f"host{i}") for i in range(4)]
@@ -189,7 +206,7 @@ def test_two_adjacent_hosts_lost_with_one_replica_fall_back_to_the_root(tmp_path
 def test_two_processes_restore_what_four_hosts_saved(tmp_path: Path) -> None:
     root = str(tmp_path / "root")
     dirs = [str(tmp_path / f"host{i}") for i in range(4)]
-    _save(root, dirs, [0, 1], persistent_every=5, local_replicas=1)
+    _save(root, dirs, [0, 1], persistent_every=5, local_replicas=1, pack_bytes=0)
     # Hosts 0 and 2 hold units {0, 3} and {2, 1} of step 1: whole between them.
     results = _restore(root, [dirs[0], dirs[2]])
     assert [r["step"] for r in results] == [1, 1]
@@ -241,9 +258,9 @@ def test_an_s3_root_takes_every_mth_step_and_a_wiped_host_recovers_locally(
         root, env = "s3://tiers/run", s3.env()
         for key, value in env.items():
             monkeypatch.setenv(key, value)
-        _save(root, dirs, [0, 1, 2], persistent_every=2, env=env)
+        _save(root, dirs, [0, 1, 2], persistent_every=2, env=env, pack_bytes=0)
         assert all_steps(storage.location(root)) == [0, 2]
-        _save(root, dirs, [3], persistent_every=2, env=env)
+        _save(root, dirs, [3], persistent_every=2, env=env, pack_bytes=0)
         shutil.rmtree(dirs[0])  # the host of process 0, the primary
         results = _restore(root, dirs, env=env)
         assert [r["step"] for r in results] == [3] * 4

@@ -29,14 +29,20 @@ OCDBT_DIRS = [f"ocdbt.process_{i}" for i in range(4)]
 
 @pytest.fixture(scope="module")
 def saved(group4, tmp_path_factory) -> dict[str, Any]:
-    """One root, three steps: nbckpt's format by rename and by commit file, and Orbax's."""
+    """One root, three steps: nbckpt's format by rename and by commit file, without packs
+    (what Orbax restores), and Orbax's; and in a root of its own nbckpt's default step,
+    small leaves packed."""
     root = tmp_path_factory.mktemp("orbax_write")
     ops = {
-        1: group4.run(f"{T}:save", str(root), 1)[0],
-        2: group4.run(f"{T}:save", str(root), 2, kwargs={"mode": "commit_file"})[0],
+        1: group4.run(f"{T}:save", str(root), 1, kwargs={"pack_bytes": 0})[0],
+        2: group4.run(
+            f"{T}:save", str(root), 2, kwargs={"mode": "commit_file", "pack_bytes": 0}
+        )[0],
         3: group4.run(f"{T}:save", str(root), 3, kwargs={"format": "orbax"})[0],
     }
-    return {"root": root, "ops": ops}
+    packed = tmp_path_factory.mktemp("orbax_write_packed")
+    group4.run(f"{T}:save", str(packed), 1)
+    return {"root": root, "ops": ops, "packed": packed}
 
 
 def _json(path: Path) -> Any:
@@ -157,6 +163,15 @@ def test_every_nbckpt_step_carries_orbax_records(saved, step):
 def test_orbax_restores_nbckpt_steps_bit_identical(group2, saved, step):
     path = str(saved["root"] / str(step))
     assert group2.run(f"{T}:orbax_restore_check", path) == [[]] * 2
+
+
+@pytest.mark.multihost
+def test_orbax_refuses_a_step_with_packed_leaves_rather_than_misread_it(group2, saved):
+    path = saved["packed"] / "1"
+    assert (path / "_PACKED").is_dir() and not (path / "_METADATA").exists()
+    for error in group2.run(f"{T}:orbax_restore_error", str(path)):
+        assert error and "zeros" not in error and "other values" not in error, error
+    assert group2.run(f"{T}:nbckpt_restore_check", str(saved["packed"]), 1) == [[]] * 2
 
 
 @pytest.mark.multihost

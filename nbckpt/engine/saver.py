@@ -50,6 +50,7 @@ class CheckpointSaver(CheckpointReader):
         metrics: Mapping[str, Any] | None = None,
         format: str | None = None,
         persistent: bool | None = None,
+        pack_bytes: int | None = None,
     ) -> None:
         """Start saving ``tree`` as ``step``; return once the snapshot is safe.
 
@@ -73,9 +74,10 @@ class CheckpointSaver(CheckpointReader):
             A string unique to this call and the same on every process (a driver such
             as the notebook client passes one). Without it, calls are matched across
             processes by their order, so every process must make the same calls.
-        mode, timeout_s, format
-            Override this checkpointer's defaults for this save (``format``: see
-            :class:`CheckpointerOptions`).
+        mode, timeout_s, format, pack_bytes
+            Override this checkpointer's defaults for this save (``format`` and
+            ``pack_bytes``: see :class:`CheckpointerOptions`; ``pack_bytes=0`` stores
+            every leaf as its own zarr array, which Orbax can restore).
         metrics
             Numbers to record with the step (``{"loss": 0.31}``), by which retention
             keeps the best steps (``best_n``, ``best_metric``): Python numbers, NumPy
@@ -127,6 +129,7 @@ class CheckpointSaver(CheckpointReader):
             metrics=metrics,
             format=format,
             persistent=persistent,
+            pack_bytes=pack_bytes,
         )
 
     def save_from(
@@ -141,6 +144,7 @@ class CheckpointSaver(CheckpointReader):
         metrics: Mapping[str, Any] | None = None,
         format: str | None = None,
         persistent: bool | None = None,
+        pack_bytes: int | None = None,
     ) -> None:
         """:meth:`save` the tree that ``get_tree()`` returns.
 
@@ -163,6 +167,7 @@ class CheckpointSaver(CheckpointReader):
             t_requested=t_requested,
             tier=self._tier,
             persistent=persistent,
+            pack_bytes=pack_bytes,
         )
         self.last_op = job.op
         self._inflight.start(job)

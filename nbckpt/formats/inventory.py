@@ -6,7 +6,8 @@ only adds what a person wants to know about everything else under the root:
 
 ``complete``
     :func:`~nbckpt.formats.layout.is_complete` holds, the metadata is readable, and every array
-    leaf it lists has its zarr array (a ``.zarray`` file) on disk.
+    leaf it lists has its zarr array (a ``.zarray`` file) on disk, or is packed and
+    the step has its packs.
 ``corrupt``
     Named like a complete step (a ``<step>`` directory with the commit file, or with
     rename-mode metadata) but its metadata is unreadable or an array is missing; or an
@@ -65,6 +66,7 @@ from nbckpt.formats.layout import (
 )
 from nbckpt.formats.orbax_names import OCDBT_MANIFEST
 from nbckpt.formats.orbax_write import ORBAX_ARRAYS
+from nbckpt.formats.packs import PACK_DIR, is_packed
 from nbckpt.formats.saveops import SaveOps, find_save_op, journal_committed, own_op
 from nbckpt.journal import OperationRecord
 from nbckpt.protocol import COMMIT_FILE_MODE, RENAME, Event, Status
@@ -390,12 +392,18 @@ def _missing_arrays(path: storage.Location, meta: dict[str, Any]) -> list[str]:
         return [] if (path / OCDBT_MANIFEST).is_file() else [f"(the OCDBT {OCDBT_MANIFEST})"]
     has_file = _file_test(path)
     missing = []
+    packed = False
     for leaf in leaves:
         if not isinstance(leaf, dict) or leaf.get("kind") == "scalar":
+            continue
+        if is_packed(leaf):
+            packed = True  # its bytes are in a pack (fsck --verify reads them)
             continue
         name = str(leaf.get("name", ""))
         if not name or not has_file(f"{name}/.zarray"):
             missing.append(name)
+    if packed and not has_file(PACK_DIR + "/"):
+        missing.append(f"(the packs in {PACK_DIR})")
     return missing
 
 
@@ -403,12 +411,20 @@ def _file_test(path: storage.Location) -> Callable[[str], bool]:
     """Return a test of whether a file (a relative ``/``-separated name) is under ``path``.
 
     Locally each name is looked up; in an object store the prefix is listed once, rather
-    than once per name.
+    than once per name. A name ending in ``/`` asks for a folder holding some file.
     """
     if isinstance(path, Path):
-        return lambda rel: (path / rel).is_file()
+        return lambda rel: (
+            any(p.is_file() for p in (path / rel).glob("*"))
+            if rel.endswith("/")
+            else (path / rel).is_file()
+        )
     keys = set(path.list_keys())
-    return lambda rel: "/".join(p for p in rel.split("/") if p) in keys
+    return lambda rel: (
+        any(k.startswith(rel) for k in keys)
+        if rel.endswith("/")
+        else "/".join(p for p in rel.split("/") if p) in keys
+    )
 
 
 def _float_or_none(value: Any) -> float | None:

@@ -17,8 +17,8 @@ and one fsync per process replace a directory, a ``.zarray``, a chunk file and a
 per small leaf; a restore reads each pack with one request.
 
 Orbax reads zarr arrays only: a step with packed leaves carries no Orbax records
-(``_METADATA``), and a save with ``pack_bytes=0`` packs nothing, for steps Orbax must
-restore. Needs neither jax nor tensorstore.
+(``_METADATA``), and Orbax refuses it; a save with ``pack_bytes=0`` packs nothing, for
+steps Orbax must restore. Needs neither jax nor tensorstore.
 """
 
 from __future__ import annotations

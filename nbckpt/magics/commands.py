@@ -144,6 +144,7 @@ class NbckptMagics(InspectionMagics, TierMagics):
                 metrics=args.metrics,
                 format=args.format,
                 persistent=args.persistent,
+                pack_bytes=args.pack_bytes,
             )
         bars = None if args.quiet else self.views.follow(handle.root, handle.op, text=args.wait)
         if not args.wait:

@@ -213,12 +213,15 @@ class CheckpointClient:
         metrics: Mapping[str, float] | None = None,
         format: str = "nbckpt",
         persistent: bool | None = None,
+        pack_bytes: int | None = None,
     ) -> SaveHandle:
         """Start saving the engines' variable ``var`` as ``step``; return at once.
 
         ``metrics`` are numbers recorded with the step (``{"loss": 0.31}``), by which
         :meth:`retention` may keep the best steps; ``format`` is ``"nbckpt"`` (zarr
-        arrays that Orbax reads too) or ``"orbax"`` (Orbax's own OCDBT layout).
+        arrays, and the leaves of at most ``pack_bytes`` packed in one file per
+        process; None: 1 MiB, 0: none, so that Orbax reads the step too) or
+        ``"orbax"`` (Orbax's own OCDBT layout).
         ``persistent=True`` sends a step to the root whatever the local tier's
         ``persistent_every`` says (None: as it says; see :meth:`tiers`).
 
@@ -246,6 +249,7 @@ class CheckpointClient:
                 "metrics": checked,
                 "format": format,
                 "persistent": persistent,
+                "pack_bytes": pack_bytes,
             },
         )
         blocked = [r["blocked_s"] for r in results]

@@ -93,15 +93,16 @@ def save_var(
     metrics: dict[str, float] | None = None,
     format: str | None = None,
     persistent: bool | None = None,
+    pack_bytes: int | None = None,
 ) -> dict[str, Any]:
     """Start saving ``namespace[var]``; return once the snapshot is safe.
 
     A variable missing on this process fails the save on every process at once (no
     one waits out the deadline for it). ``acknowledged`` lists failed operations whose
     error the notebook has shown already, so they are not raised a second time here.
-    ``key`` is the caller's unique id of this call; ``metrics``, ``format`` and
-    ``persistent`` (True: to the root too, whatever ``persistent_every`` says) are as
-    for ``AsyncCheckpointer.save``.
+    ``key`` is the caller's unique id of this call; ``metrics``, ``format``,
+    ``pack_bytes`` and ``persistent`` (True: to the root too, whatever
+    ``persistent_every`` says) are as for ``AsyncCheckpointer.save``.
     """
     timeout_s = check_timeout(timeout_s, "timeout_s")
     ckptr = _checkpointer(root)
@@ -117,6 +118,7 @@ def save_var(
         metrics=metrics,
         format=format,
         persistent=persistent,
+        pack_bytes=pack_bytes,
     )
     return {
         "process": ckptr.process_index,

@@ -160,7 +160,12 @@ class PackedSource:
 
 
 class _Opening:
-    """The opening of one packed leaf: a future in the way tensorstore's are used."""
+    """The opening of one packed leaf: a future in the way tensorstore's are used.
+
+    ``late``: its data is read only once it is waited for.
+    """
+
+    late = True
 
     def __init__(self, source: PackedSource, name: str) -> None:
         self._source = source

@@ -56,6 +56,10 @@ _ALIGNMENT = 64
 #: to the processes that share the host.
 _VERIFY_THREADS = max(1, min(4, (os.cpu_count() or 1) // 2))
 
+#: Reads smaller than this are checked on the thread that places them (handing a read
+#: to a checking thread costs more than its CRC) and put on their devices in one batch.
+_SMALL_READ_BYTES = 256 << 10
+
 #: Where a region of a leaf lies: ``(start, stop)`` per dimension.
 Box = tuple[tuple[int, int], ...]
 
@@ -199,6 +203,18 @@ class LeafRead:
         self._opening: Any = None
         if meta["kind"] != "scalar":
             self._opening = opening if opening is not None else source.open(self.name)
+        #: Where :func:`read_all` gathers small reads to put on devices in one batch:
+        #: (leaf, device position, host buffer, device).
+        self.batch: list[tuple[LeafRead, int, np.ndarray, Any]] | None = None
+
+    @property
+    def late(self) -> bool:
+        """Whether the leaf's data is fetched only once it is waited for (packed leaves).
+
+        :func:`read_all` issues such leaves after all others, so that waiting for them
+        never holds back the other reads.
+        """
+        return bool(getattr(self._opening, "late", False))
 
     def _damaged(self, detail: str, key: str | None = None) -> CorruptCheckpointError:
         note = self.source.note()
@@ -387,7 +403,12 @@ class LeafRead:
                 host[...] = part
             if self.dtype is not None and host.dtype != self.dtype:
                 host = convert(self.where, host, self.dtype, self.exact)
-            self.placed[i] = host if device is None else jax.device_put(host, device)
+            if device is None:
+                self.placed[i] = host
+            elif self.batch is not None and host.nbytes < _SMALL_READ_BYTES:
+                self.batch.append((self, i, host, device))
+            else:
+                self.placed[i] = jax.device_put(host, device)
 
     def result(self) -> Any:
         """Return the restored leaf: a Python number, a host array or a jax array."""
@@ -462,7 +483,11 @@ def read_all(leaves: list[LeafRead], progress: Callable[[int, int], None] | None
     """
     #: (a completed read, None) or (a checked read, its check's future).
     events: queue.SimpleQueue[tuple[_Read, Future[None] | None]] = queue.SimpleQueue()
-    remaining = sum(leaf.issue(lambda r: events.put((r, None))) for leaf in leaves)
+    batch: list[tuple[LeafRead, int, np.ndarray, Any]] = []
+    for leaf in leaves:
+        leaf.batch = batch
+    ordered = [leaf for leaf in leaves if not leaf.late] + [leaf for leaf in leaves if leaf.late]
+    remaining = sum(leaf.issue(lambda r: events.put((r, None))) for leaf in ordered)
     total = sum(leaf.nbytes for leaf in leaves)
     report = ProgressReport(None if progress is None else lambda b: progress(b, total), total)
     if progress is not None:
@@ -473,7 +498,13 @@ def read_all(leaves: list[LeafRead], progress: Callable[[int, int], None] | None
     try:
         while remaining:
             read, checked = events.get()
-            if checked is None and pool is not None and read.leaf.recorded is not None:
+            small = read.buf.nbytes < _SMALL_READ_BYTES
+            if (
+                checked is None
+                and pool is not None
+                and read.leaf.recorded is not None
+                and not small
+            ):
                 checking = pool.submit(read.leaf.check, read)
                 checking.add_done_callback(functools.partial(_checked, events, read))
                 continue
@@ -484,7 +515,15 @@ def read_all(leaves: list[LeafRead], progress: Callable[[int, int], None] | None
             read.leaf.place(read)
             report.add(read.buf.nbytes)
             remaining -= 1
+        if batch:
+            # One call puts every small read on its device: one by one, the calls'
+            # own cost is most of a small leaf's restore.
+            placed = jax.device_put([b[2] for b in batch], [b[3] for b in batch])
+            for (leaf, i, _, _), value in zip(batch, placed, strict=True):
+                leaf.placed[i] = value
     finally:
+        for leaf in leaves:
+            leaf.batch = None  # what is placed later (adopt) is placed at once
         if pool is not None:
             # After a failure the reads and checks still running are of no use.
             pool.shutdown(wait=False, cancel_futures=True)

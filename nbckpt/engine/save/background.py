@@ -367,8 +367,7 @@ class SaveJob:
         if arrays.arrays is not None:
             meta["arrays"] = arrays.arrays  # how restore opens them
         # Orbax's records (_METADATA, _sharding), so that Orbax restores the step too;
-        # none where leaves are packed, which Orbax cannot read (it then says that the
-        # step has no metadata rather than fail on a leaf).
+        # none where leaves are packed: Orbax cannot read those, and refuses the step.
         records: dict[str, str] = {}
         if not any(is_packed(m) for m in self.snap.leaves):
             records = orbax_records(self.snap.leaves, arrays.flags, self.snap.empty)

@@ -15,7 +15,7 @@ from nbckpt.engine import hooks
 from nbckpt.engine.arrays.array_format import format_for
 from nbckpt.engine.arrays.tree import flatten
 from nbckpt.engine.context import Context
-from nbckpt.engine.options import CheckpointerOptions, check_step
+from nbckpt.engine.options import CheckpointerOptions, check_pack_bytes, check_step
 from nbckpt.engine.save.agreement import save_plan
 from nbckpt.engine.save.background import SaveJob, fail, failures
 from nbckpt.engine.save.commit import strategy_for
@@ -46,6 +46,7 @@ def start_save(
     t_requested: float | None = None,
     tier: LocalTier | None = None,
     persistent: bool | None = None,
+    pack_bytes: int | None = None,
 ) -> SaveJob:
     """Agree on a save with the other processes and snapshot this process's shards.
 
@@ -72,7 +73,8 @@ def start_save(
         persistent = options.tiers.persistent(step)
     if tier is None:
         persistent = True  # without a local tier, the root is the only place
-    arrays = format_for(format or options.format, options.pack_bytes)
+    packing = options.pack_bytes if pack_bytes is None else check_pack_bytes(pack_bytes)
+    arrays = format_for(format or options.format, packing)
     timeout = check_timeout(timeout_s or options.timeout_s, "timeout_s")
     local: BaseException | None = None
     leaves: list[Any] = []

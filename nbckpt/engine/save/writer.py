@@ -5,8 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import os
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -217,10 +220,30 @@ class _Pack:
         self.nbytes += data.nbytes
 
     def write(self, directory: Location, process: int) -> Any:
-        """Start writing the pack (fsync'd before the returned future completes)."""
+        """Start writing the pack (fsync'd before the returned future completes).
+
+        A local file is written piece by piece from the snapshot's buffers, on a
+        thread of its own: no copy of the packed bytes is made. An object is one
+        request, of their concatenation.
+        """
+        if isinstance(directory, Path):
+            pool = ThreadPoolExecutor(1, thread_name_prefix="nbckpt-pack")
+            try:
+                return pool.submit(self._write_file, directory / pack_file(process))
+            finally:
+                pool.shutdown(wait=False)
         blob = b"".join(p.tobytes() for p in self.parts)
         kv = ts.KvStore.open(storage.kvstore_spec(directory), context=context()).result()
         return kv.write(pack_file(process), blob)
+
+    def _write_file(self, path: Path) -> None:
+        path.parent.mkdir(exist_ok=True)
+        with open(path, "wb") as f:
+            for part in self.parts:
+                f.write(part.reshape(-1).view(np.uint8).data)
+            f.flush()
+            # Its directory entry is made durable with the step's (seal_tree).
+            os.fsync(f.fileno())
 
 
 #: How long a failed write waits for the chunk writes it had issued to settle.

@@ -47,8 +47,14 @@ SAVE: Final = MagicArgs(
         "--format",
         choices=list(FORMATS),
         default="nbckpt",
-        help="on-disk format: nbckpt's zarr arrays (Orbax reads them too), or Orbax's "
+        help="on-disk format: nbckpt's zarr arrays and packs, or Orbax's "
         "default OCDBT database, as Orbax itself writes it",
+    ),
+    argument(
+        "--pack-bytes",
+        metavar="N",
+        help="pack leaves of at most N bytes (default 1 MiB) into one file per process; "
+        "0 stores every leaf as its own zarr array, which Orbax restores too",
     ),
     argument(
         "--metric",
@@ -81,6 +87,8 @@ class SaveArgs:
     metrics: dict[str, float] = field(default_factory=dict)
     #: Force a save to the root (True), or follow the local tier's rule (None).
     persistent: bool | None = None
+    #: Leaves of at most this many bytes are packed (None: the default, 1 MiB).
+    pack_bytes: int | None = None
 
 
 def parse_save_args(line: str) -> SaveArgs:
@@ -99,6 +107,9 @@ def parse_save_args(line: str) -> SaveArgs:
             format=ns.format,
             metrics=metrics(ns.metric),
             persistent=True if ns.persistent else None,
+            pack_bytes=None
+            if ns.pack_bytes is None
+            else whole(ns.pack_bytes, "--pack-bytes", high=1 << 40),
         )
 
 

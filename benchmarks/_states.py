@@ -1,0 +1,87 @@
+"""The states people train, for ``benchmarks/compare.py``: a transformer and AdamW.
+
+Built inside each JAX process of the benchmark (see ``_workers.build``). A
+transformer-like state is what a real optimizer checkpoint holds: the parameters
+(a token embedding, per layer the attention and MLP matrices, their biases and two
+layer norms, a final norm) and AdamW's ``mu`` and ``nu`` of the same shapes, plus a
+step count. Matrices are sharded on their first axis over every device (FSDP); the
+vectors (biases, norm scales) are small and replicated, as they are in training. The
+model width is picked so the state comes out at about the size asked for.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+#: Layers of the ``transformer`` state: 12 leaves per layer, times 3 (params, mu, nu).
+TRANSFORMER_LAYERS = 12
+#: Layers of the ``many`` state: 3 x (12 x 111 + 4) + 1 = 4,009 leaves.
+MANY_LAYERS = 111
+#: The embedding has this many rows per unit of model width (a vocabulary of 8 d).
+_VOCAB_PER_WIDTH = 8
+
+
+def _layer_shapes(d: int) -> dict[str, tuple[int, ...]]:
+    """One transformer block: four matrices, their biases, two layer norms."""
+    return {
+        "attn_qkv": (d, 3 * d),
+        "attn_qkv_bias": (3 * d,),
+        "attn_out": (d, d),
+        "attn_out_bias": (d,),
+        "mlp_in": (d, 4 * d),
+        "mlp_in_bias": (4 * d,),
+        "mlp_out": (4 * d, d),
+        "mlp_out_bias": (d,),
+        "ln1_scale": (d,),
+        "ln1_bias": (d,),
+        "ln2_scale": (d,),
+        "ln2_bias": (d,),
+    }
+
+
+def width_for(nbytes: int, layers: int, multiple: int) -> int:
+    """The model width whose float32 state (params, mu, nu) is about ``nbytes``."""
+    per_d2 = 3 * 4 * (12 * layers + _VOCAB_PER_WIDTH)  # bytes per d**2
+    d = int(math.sqrt(max(1, nbytes) / per_d2))
+    return max(multiple, d // multiple * multiple)
+
+
+def tree_transformer(
+    nbytes: int, layers: int, random: Callable[[tuple[int, ...], Any, Any, int], Any]
+) -> dict[str, Any]:
+    """A transformer's parameters and AdamW state of about ``nbytes``.
+
+    ``random(shape, dtype, sharding, seed)`` makes one jax array.
+    """
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    n = jax.device_count()
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+    fsdp = NamedSharding(mesh, PartitionSpec("data"))
+    repl = NamedSharding(mesh, PartitionSpec())
+    d = width_for(nbytes, layers, 8 * n)
+    seeds = iter(range(1_000_000))
+
+    def array(shape: tuple[int, ...]) -> Any:
+        sharding = fsdp if len(shape) == 2 else repl
+        return random(shape, np.float32, sharding, next(seeds))
+
+    def params_like() -> dict[str, Any]:
+        tree: dict[str, Any] = {"embed": array((_VOCAB_PER_WIDTH * d, d))}
+        for i in range(layers):
+            tree[f"layer_{i:03d}"] = {k: array(s) for k, s in _layer_shapes(d).items()}
+        tree["final_norm"] = {"scale": array((d,)), "bias": array((d,))}
+        return tree
+
+    return {
+        "params": params_like(),
+        "opt_state": {
+            "mu": params_like(),
+            "nu": params_like(),
+            "count": random((), np.int32, repl, next(seeds)),
+        },
+    }

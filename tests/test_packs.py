@@ -1,0 +1,219 @@
+"""Small leaves packed per process: layout, round trip, damage, and the Orbax mode."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from nbckpt.engine import AsyncCheckpointer
+from nbckpt.engine.restore import packed
+from nbckpt.errors import CorruptCheckpointError
+from nbckpt.formats.checksum import read_checksums
+from nbckpt.formats.fsck import verify_step
+from nbckpt.formats.layout import CHECKSUMS_DIR
+from nbckpt.formats.packs import PACK_DIR, PACK_KEY, PackIndex, unit_files
+
+T = "tests.test_packs"
+
+
+def _state() -> dict[str, object]:
+    rng = np.random.default_rng(1)
+    return {
+        "big": jax.numpy.asarray(rng.standard_normal((512, 1024)).astype(np.float32)),  # 2 MiB
+        "layers": [
+            {
+                "bias": jax.numpy.asarray(rng.standard_normal(64 * (i + 1)).astype(np.float32)),
+                "scale": np.full((8, 8), i, np.int16),
+            }
+            for i in range(5)
+        ],
+        "half": jax.numpy.asarray(rng.standard_normal((4, 4)), dtype=jax.numpy.bfloat16),
+        "count": jax.numpy.int32(7),
+        "lr": 3e-4,
+        "empty": np.zeros((0, 3), np.float32),
+    }
+
+
+def _save(root: Path, step: int = 1, **kw: object) -> Path:
+    ck = AsyncCheckpointer(root, **kw)  # type: ignore[arg-type]
+    ck.save(step, _state())
+    ck.wait_until_finished()
+    return root / str(step)
+
+
+def _same(a: object, b: object) -> bool:
+    x, y = np.asarray(a), np.asarray(b)
+    return x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes()
+
+
+def _sums(step: Path) -> dict[str, object]:
+    data: dict[str, object] = json.loads((step / CHECKSUMS_DIR / "process_0.json").read_text())
+    return data
+
+
+def test_small_leaves_go_into_one_pack_and_large_ones_keep_their_arrays(tmp_path):
+    step = _save(tmp_path)
+    names = {p.name for p in step.iterdir()}
+    assert {"big", "empty", PACK_DIR} <= names
+    assert not names & {"layers.0.bias", "half", "count", "lr"}  # no folder per small leaf
+    assert sorted(p.name for p in (step / PACK_DIR).iterdir()) == ["process_0"]
+    meta = json.loads((step / "_NBCKPT_METADATA").read_text())
+    flags = {m["name"]: bool(m.get("packed")) for m in meta["leaves"]}
+    assert flags["big"] is False and flags["empty"] is False
+    assert flags["half"] and flags["count"] and flags["lr"]
+    assert all(flags[n] for n in flags if n.startswith("layers"))
+    # Orbax cannot read packed leaves: no Orbax records that would send it there.
+    assert "_METADATA" not in names
+    index = _sums(step)[PACK_KEY]
+    assert isinstance(index, dict) and index["file"] == f"{PACK_DIR}/process_0"
+    spans = sorted(s for keys in index["chunks"].values() for s in keys.values())
+    # The chunks lie end to end, and fill the pack exactly.
+    ends = [a + n for a, n in spans]
+    assert [a for a, _ in spans] == [0, *ends[:-1]]
+    assert ends[-1] == (step / PACK_DIR / "process_0").stat().st_size
+
+
+def test_a_packed_step_restores_bit_exact_with_and_without_a_target(tmp_path):
+    _save(tmp_path)
+    ck = AsyncCheckpointer(tmp_path)
+    want = _state()
+    for out in (ck.restore(1), ck.restore(1, target=jax.tree.map(lambda x: x, want))):
+        assert _same(out["big"], want["big"]) and _same(out["half"], want["half"])
+        for got, w in zip(out["layers"], want["layers"], strict=True):  # type: ignore[arg-type]
+            assert _same(got["bias"], w["bias"]) and _same(got["scale"], w["scale"])
+        assert int(out["count"]) == 7 and out["lr"] == 3e-4 and out["empty"].shape == (0, 3)
+        assert isinstance(out["layers"][0]["bias"], jax.Array)
+    one = ck.restore(1, target={"layers": [{}, {}, {"bias": ...}]}, partial=True)
+    assert _same(one["layers"][2]["bias"], want["layers"][2]["bias"])  # type: ignore[index]
+    assert verify_step(tmp_path / "1") == []
+
+
+def test_pack_bytes_zero_keeps_every_leaf_an_array_orbax_can_read(tmp_path):
+    step = _save(tmp_path, pack_bytes=0)
+    names = {p.name for p in step.iterdir()}
+    assert PACK_DIR not in names and "_METADATA" in names
+    assert {"half", "count", "lr"} <= names and (step / "half" / ".zarray").is_file()
+    assert PACK_KEY not in _sums(step)
+    out = AsyncCheckpointer(tmp_path).restore(1)
+    assert _same(out["half"], _state()["half"])
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "1M"])
+def test_a_bad_pack_bytes_is_refused_in_one_line(tmp_path, bad):
+    with pytest.raises(ValueError, match="pack_bytes must be a non-negative int") as err:
+        AsyncCheckpointer(tmp_path, pack_bytes=bad)
+    assert "\n" not in str(err.value)
+
+
+def _span(step: Path, leaf: str) -> tuple[int, int]:
+    index: PackIndex = {}
+    read_checksums(step, index)
+    where = index[leaf]["0"]
+    return where.offset, where.nbytes
+
+
+def test_a_flipped_byte_in_a_pack_names_the_leaf_and_the_pack(tmp_path):
+    step = _save(tmp_path)
+    offset, _ = _span(step, "layers.3.bias")
+    pack = step / PACK_DIR / "process_0"
+    data = bytearray(pack.read_bytes())
+    data[offset + 5] ^= 0x01
+    pack.write_bytes(bytes(data))
+    ck = AsyncCheckpointer(tmp_path)
+    with pytest.raises(CorruptCheckpointError) as err:
+        ck.restore(1)
+    text = str(err.value)
+    assert "leaf ['layers'][3]['bias']" in text and "chunk 0" in text and "checksum" in text
+    assert str(pack) in text and f"bytes {offset}-" in text
+    # The other leaves of the same pack still restore.
+    out = ck.restore(1, target={"layers": [{"bias": ...}]}, partial=True)
+    assert _same(out["layers"][0]["bias"], _state()["layers"][0]["bias"])  # type: ignore[index]
+    problems = verify_step(step)
+    assert len(problems) == 1 and problems[0].startswith("layers.3.bias: chunk 0")
+
+
+def test_a_missing_or_short_pack_is_damage_never_zeros(tmp_path):
+    step = _save(tmp_path)
+    pack = step / PACK_DIR / "process_0"
+    offset, nbytes = _span(step, "layers.4.bias")
+    pack.write_bytes(pack.read_bytes()[: offset + nbytes // 2])
+    with pytest.raises(CorruptCheckpointError, match="is cut short"):
+        AsyncCheckpointer(tmp_path).restore(1)
+    pack.unlink()
+    with pytest.raises(CorruptCheckpointError, match=r"its pack _PACKED/process_0 is missing"):
+        AsyncCheckpointer(tmp_path).restore(1)
+    assert any("is missing" in p for p in verify_step(step))
+
+
+def test_a_pack_index_that_points_outside_the_step_is_refused(tmp_path):
+    step = _save(tmp_path)
+    sums = _sums(step)
+    sums[PACK_KEY]["file"] = "../../etc/passwd"  # type: ignore[index]
+    (step / CHECKSUMS_DIR / "process_0.json").write_text(json.dumps(sums))
+    with pytest.raises(CorruptCheckpointError, match="entry is malformed"):
+        AsyncCheckpointer(tmp_path).restore(1)
+
+
+def test_a_local_units_files_name_its_pack_once(tmp_path):
+    step = _save(tmp_path)
+    files = unit_files(_sums(step))
+    assert files.count(f"{PACK_DIR}/process_0") == 1
+    assert all(not f.startswith(("layers", "half", "count", "lr")) for f in files)
+    assert "big/0.0" in files
+
+
+def test_neighbouring_ranges_are_read_with_one_request():
+    gap = packed.COALESCE_GAP_BYTES
+    got = packed._coalesce([(100, 200), (0, 50), (200 + gap, 300 + gap), (60, 80)])
+    assert got == [(0, 200), (200 + gap, 300 + gap)]
+
+
+# -- several processes ----------------------------------------------------------------
+
+
+def save_replicated(root: str) -> list[int]:
+    """Save 40 small replicated leaves from every process; the bytes of each pack."""
+    import os
+
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    mesh = Mesh(np.array(jax.devices()), ("d",))
+    repl = NamedSharding(mesh, PartitionSpec())
+    tree = {
+        f"v{i:02d}": jax.device_put(np.arange(i + 1, dtype=np.float32), repl) for i in range(40)
+    }
+    ck = AsyncCheckpointer(root)
+    ck.save(1, tree)
+    ck.wait_until_finished()
+    packs = Path(root) / "1" / PACK_DIR
+    return sorted(os.path.getsize(p) for p in packs.iterdir())
+
+
+def restore_replicated(root: str) -> bool:
+    """Restore what :func:`save_replicated` saved; whether every value came back."""
+    out = AsyncCheckpointer(root).restore(1)
+    return all(np.array_equal(np.asarray(out[f"v{i:02d}"]), np.arange(i + 1)) for i in range(40))
+
+
+@pytest.mark.multihost
+def test_small_replicated_leaves_are_spread_over_the_processes(group4, group2, tmp_path):
+    sizes = group4.run(f"{T}:save_replicated", str(tmp_path))[0]
+    assert len(sizes) == 4 and all(s > 0 for s in sizes)  # every process wrote some
+    assert sum(sizes) == sum(4 * (i + 1) for i in range(40))  # each leaf once
+    assert group2.run(f"{T}:restore_replicated", str(tmp_path)) == [True, True]
+
+
+def test_the_inventory_takes_a_packed_step_for_complete_until_its_packs_go(tmp_path):
+    import shutil
+
+    from nbckpt.formats.inventory import classify
+
+    step = _save(tmp_path)
+    assert [(e.step, e.state) for e in classify(tmp_path)] == [(1, "complete")]
+    shutil.rmtree(step / PACK_DIR)
+    (entry,) = classify(tmp_path)
+    assert entry.state == "corrupt" and PACK_DIR in entry.reason
