@@ -33,11 +33,10 @@ def saved(group4, tmp_path_factory) -> dict[str, Any]:
     (what Orbax restores), and Orbax's; and in a root of its own nbckpt's default step,
     small leaves packed."""
     root = tmp_path_factory.mktemp("orbax_write")
+    unpacked = {"pack_bytes": 0}
     ops = {
-        1: group4.run(f"{T}:save", str(root), 1, kwargs={"pack_bytes": 0})[0],
-        2: group4.run(
-            f"{T}:save", str(root), 2, kwargs={"mode": "commit_file", "pack_bytes": 0}
-        )[0],
+        1: group4.run(f"{T}:save", str(root), 1, kwargs=unpacked)[0],
+        2: group4.run(f"{T}:save", str(root), 2, kwargs={"mode": "commit_file", **unpacked})[0],
         3: group4.run(f"{T}:save", str(root), 3, kwargs={"format": "orbax"})[0],
     }
     packed = tmp_path_factory.mktemp("orbax_write_packed")
