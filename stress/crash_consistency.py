@@ -31,8 +31,8 @@ T = "tests.mh_tasks"
 def check_root(root: Path) -> list[str]:
     """Return every violation of the atomicity contract found under ``root``."""
     import numpy as np
-    import tensorstore as ts
 
+    from nbckpt.engine.restore.sources import source_for
     from nbckpt.formats.fsck import verify_step
     from nbckpt.formats.layout import METADATA_FILE, all_steps
     from tests.mh_tasks import full_values
@@ -43,16 +43,13 @@ def check_root(root: Path) -> list[str]:
         for p in verify_step(path):
             problems.append(f"step {step}: {p}")
         meta = json.loads((path / METADATA_FILE).read_text())
+        source = source_for(path, meta)  # a leaf's zarr array, or its bytes in the packs
         full = full_values(step)
         for leaf in meta["leaves"]:
             short = leaf["name"].rsplit(".", 1)[-1]
             if leaf["kind"] == "scalar" or short not in full:
                 continue
-            spec = {
-                "driver": "zarr",
-                "kvstore": {"driver": "file", "path": str(path / leaf["name"])},
-            }
-            data = ts.open(spec).result().read().result()
+            data = source.open(leaf["name"]).result().read().result()
             if data.tobytes() != np.asarray(full[short]).tobytes():
                 problems.append(f"step {step}: {leaf['name']} differs from what was saved")
     return problems

@@ -59,7 +59,8 @@ def test_a_replaced_host_gets_its_shards_back_from_its_neighbour(
     assert [r["step"] for r in results] == [3] * 4  # the newest step, local only
     assert all(r["same"] for r in results)
     fetched = [e for e in results[2]["events"] if e["event"] == "fetched"]
-    assert {p for e in fetched for p in e["processes"]} == {0, 2}
+    # Its own unit, and from every other pack its chunks of the small (packed) leaves.
+    assert {p for e in fetched for p in e["processes"]} == {0, 1, 2, 3}
     # Straight from the peers, over the hosts' own network.
     subnet = hosts.subnet
     assert all(ipaddress.ip_address(e["peer"].rsplit(":", 1)[0]) in subnet for e in fetched)

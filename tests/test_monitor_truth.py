@@ -257,9 +257,10 @@ def test_a_real_save_and_restore_journal_progress_in_steps(tmp_path):
 
     from nbckpt.engine import AsyncCheckpointer
 
-    # Sixteen leaves: sixteen chunks of 256 KiB, written and read in one process.
+    # Sixteen leaves: sixteen chunks of 256 KiB, written and read in one process (each
+    # its own array: packed, they would be one write).
     state = {f"w{i:02d}": np.full((256, 256), i, np.float32) for i in range(16)}
-    ck = AsyncCheckpointer(tmp_path)
+    ck = AsyncCheckpointer(tmp_path, pack_bytes=0)
     ck.save(1, state)
     ck.wait_until_finished()
     events = read_operation(tmp_path, ck.last_op).processes[0].events

@@ -249,7 +249,8 @@ class CheckpointClient:
                 "metrics": checked,
                 "format": format,
                 "persistent": persistent,
-                "pack_bytes": pack_bytes,
+                # Only when asked for: an engine of an older nbckpt takes the rest.
+                **({} if pack_bytes is None else {"pack_bytes": pack_bytes}),
             },
         )
         blocked = [r["blocked_s"] for r in results]

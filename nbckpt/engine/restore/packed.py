@@ -15,7 +15,7 @@ import math
 import threading
 from collections.abc import Iterable
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import tensorstore as ts
@@ -23,7 +23,6 @@ import tensorstore as ts
 from nbckpt import storage
 from nbckpt.engine.arrays.tree import path_str
 from nbckpt.engine.arrays.zarr import chunk_key, chunk_regions, context
-from nbckpt.engine.restore.sources import Zarr2Source
 from nbckpt.errors import CorruptCheckpointError
 from nbckpt.formats.packs import PackedChunk, PackIndex
 from nbckpt.storage import Location
@@ -37,6 +36,14 @@ COALESCE_GAP_BYTES = 1 << 20
 _Span = tuple[str, int, int]
 
 
+class _Arrays(Protocol):
+    """Where the leaves that are not packed come from (an ``ArraySource``)."""
+
+    def open(self, name: str) -> Any: ...
+
+    def location(self, name: str, key: str | None = None) -> str: ...
+
+
 class PackedSource:
     """nbckpt's own layout with packed leaves: those from the packs, the rest as usual.
 
@@ -44,6 +51,8 @@ class PackedSource:
     ----------
     directory
         The step.
+    arrays
+        The source of the leaves that are not packed (nbckpt's zarr arrays).
     leaves
         The metadata of every packed leaf, by name.
     index
@@ -51,10 +60,14 @@ class PackedSource:
     """
 
     def __init__(
-        self, directory: Location, leaves: dict[str, dict[str, Any]], index: PackIndex
+        self,
+        directory: Location,
+        arrays: _Arrays,
+        leaves: dict[str, dict[str, Any]],
+        index: PackIndex,
     ) -> None:
         self.directory = directory
-        self._arrays = Zarr2Source(directory)
+        self._arrays = arrays
         self._leaves = leaves
         self._index = index
         self._lock = threading.Lock()

@@ -14,6 +14,7 @@ import tensorstore as ts
 
 from nbckpt.engine.arrays.orbax_arrays import open_orbax_array_async
 from nbckpt.engine.arrays.zarr import fresh_context, open_array_async
+from nbckpt.engine.restore.packed import PackedSource
 from nbckpt.formats.checksum import read_checksums
 from nbckpt.formats.orbax_write import ORBAX_ARRAYS
 from nbckpt.formats.packs import PackIndex, is_packed
@@ -144,12 +145,10 @@ def source_for(
     arrays = meta.get("arrays")
     packed = {m["name"]: m for m in meta.get("leaves", []) if is_packed(m)}
     if arrays is None and packed:
-        from nbckpt.engine.restore.packed import PackedSource  # it imports this module
-
         if packs is None:
             packs = {}
             read_checksums(directory, packs)
-        return PackedSource(directory, packed, packs)
+        return PackedSource(directory, Zarr2Source(directory), packed, packs)
     if arrays is None:
         return Zarr2Source(directory)
     if arrays == ORBAX_ARRAYS:
