@@ -284,11 +284,16 @@ def _journal(enabled: bool) -> None:
 
 
 def nb_save(
-    root: str, step: int, journal: bool = True, format: str | None = None
+    root: str,
+    step: int,
+    journal: bool = True,
+    format: str | None = None,
+    pack_bytes: int | None = None,
 ) -> dict[str, float]:
     """Save the state with nbckpt; time to return, time to durable commit, peak memory.
 
-    ``format`` is the save option (None: nbckpt's own layout; ``"orbax"``: Orbax's).
+    ``format`` and ``pack_bytes`` are the save options (None: nbckpt's own layout,
+    small leaves packed; ``"orbax"``: Orbax's; ``pack_bytes=0``: no leaf packed).
     """
     from nbckpt.engine import AsyncCheckpointer
 
@@ -296,7 +301,7 @@ def nb_save(
     ckptr = AsyncCheckpointer(root)
     peak = _Peak()
     t0 = time.perf_counter()
-    ckptr.save(step, _state["tree"], format=format)
+    ckptr.save(step, _state["tree"], format=format, pack_bytes=pack_bytes)
     blocked = time.perf_counter() - t0
     ckptr.wait_until_finished()
     commit = time.perf_counter() - t0

@@ -207,15 +207,6 @@ class LeafRead:
         #: (leaf, device position, host buffer, device).
         self.batch: list[tuple[LeafRead, int, np.ndarray, Any]] | None = None
 
-    @property
-    def late(self) -> bool:
-        """Whether the leaf's data is fetched only once it is waited for (packed leaves).
-
-        :func:`read_all` issues such leaves after all others, so that waiting for them
-        never holds back the other reads.
-        """
-        return bool(getattr(self._opening, "late", False))
-
     def _damaged(self, detail: str, key: str | None = None) -> CorruptCheckpointError:
         note = self.source.note()
         return CorruptCheckpointError(
@@ -486,7 +477,11 @@ def read_all(leaves: list[LeafRead], progress: Callable[[int, int], None] | None
     batch: list[tuple[LeafRead, int, np.ndarray, Any]] = []
     for leaf in leaves:
         leaf.batch = batch
-    ordered = [leaf for leaf in leaves if not leaf.late] + [leaf for leaf in leaves if leaf.late]
+    # A leaf fetched only once it is waited for (a packed one) is issued after all
+    # others, so that waiting for it never holds back their reads.
+    late = [bool(getattr(leaf._opening, "late", False)) for leaf in leaves]
+    ordered = [x for x, z in zip(leaves, late, strict=True) if not z]
+    ordered += [x for x, z in zip(leaves, late, strict=True) if z]
     remaining = sum(leaf.issue(lambda r: events.put((r, None))) for leaf in ordered)
     total = sum(leaf.nbytes for leaf in leaves)
     report = ProgressReport(None if progress is None else lambda b: progress(b, total), total)
