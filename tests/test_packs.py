@@ -166,10 +166,15 @@ def test_a_local_units_files_name_its_pack_once(tmp_path):
     assert "big/0.0" in files
 
 
-def test_neighbouring_ranges_are_read_with_one_request():
-    gap = packed.COALESCE_GAP_BYTES
+def test_neighbouring_ranges_are_read_with_one_request_of_bounded_size():
+    gap, span = packed.COALESCE_GAP_BYTES, packed.SPAN_BYTES
     got = packed._coalesce([(100, 200), (0, 50), (200 + gap, 300 + gap), (60, 80)])
     assert got == [(0, 200), (200 + gap, 300 + gap)]
+    mib = 1 << 20
+    ranges = [(i * mib, (i + 1) * mib) for i in range(10)]
+    got = packed._coalesce(ranges)
+    assert got[0] == (0, span) and got[-1][1] == 10 * mib and all(b - a <= span for a, b in got)
+    assert packed._coalesce([(0, 3 * span)]) == [(0, 3 * span)]  # one range is never cut
 
 
 # -- several processes ----------------------------------------------------------------

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
 from typing import Any, Protocol
 
@@ -27,13 +27,19 @@ from nbckpt.errors import CorruptCheckpointError
 from nbckpt.formats.packs import PackedChunk, PackIndex
 from nbckpt.storage import Location
 
-__all__ = ["COALESCE_GAP_BYTES", "PackedSource"]
+__all__ = ["COALESCE_GAP_BYTES", "SPAN_BYTES", "Box", "PackedSource"]
 
-#: Byte ranges of one pack closer than this are read with one request.
+#: Byte ranges of one pack closer than this are read with one request ...
 COALESCE_GAP_BYTES = 1 << 20
+#: ... of at most this many bytes (more if one range is larger), so that several
+#: requests are in flight at once: one long read keeps a disk's queue too short.
+SPAN_BYTES = 1 << 20
 
 #: A stretch of one pack read with one request: (file, start, stop).
 _Span = tuple[str, int, int]
+
+#: Where a region of a leaf lies: ``(start, stop)`` per dimension.
+Box = tuple[tuple[int, int], ...]
 
 
 class _Arrays(Protocol):
@@ -71,16 +77,19 @@ class PackedSource:
         self._leaves = leaves
         self._index = index
         self._lock = threading.Lock()
-        self._waiting: list[str] = []
+        self._waiting: list[tuple[str, Sequence[Box] | None]] = []
         self._spans: dict[_Span, Future[bytes]] = {}
 
-    def open(self, name: str) -> Any:
-        """Start opening leaf ``name``: a packed one is read with the others, later."""
+    def open(self, name: str, boxes: Sequence[Box] | None = None) -> Any:
+        """Start opening leaf ``name``: a packed one is read with the others, later.
+
+        Of a packed leaf only the chunks that ``boxes`` touch are fetched (None: all).
+        """
         if name not in self._leaves:
             return self._arrays.open(name)
         with self._lock:
-            self._waiting.append(name)
-        return _Opening(self, name)
+            self._waiting.append((name, boxes))
+        return _Opening(self, name, boxes)
 
     def location(self, name: str, key: str | None = None) -> str:
         """The pack that holds the chunk (or the leaf), or the leaf's array."""
@@ -99,20 +108,27 @@ class PackedSource:
         """Nothing: the chunks are checked against their recorded checksums."""
         return None
 
-    def _chunks(self, name: str) -> Iterable[tuple[tuple[slice, ...], PackedChunk | None]]:
+    def _chunks(
+        self, name: str, boxes: Sequence[Box] | None
+    ) -> Iterable[tuple[tuple[slice, ...], PackedChunk | None]]:
+        """The chunks of leaf ``name`` that ``boxes`` touch, and where each lies."""
         meta = self._leaves[name]
         whole = tuple(slice(0, d) for d in meta["shape"])
         recorded = self._index.get(name, {})
         for glob, _ in chunk_regions(whole, meta["shape"], meta["chunks"]):
-            yield glob, recorded.get(chunk_key(glob, meta["chunks"]))
+            if boxes is None or any(_touches(glob, box) for box in boxes):
+                yield glob, recorded.get(chunk_key(glob, meta["chunks"]))
 
-    def _fetch(self) -> None:
-        """Issue the reads of every registered leaf not read yet, coalesced per pack."""
+    def fetch(self) -> None:
+        """Issue the reads of every registered leaf not read yet, coalesced per pack.
+
+        A restore calls it once every leaf is registered (the first wait would too).
+        """
         with self._lock:
             names, self._waiting = self._waiting, []
             wanted: dict[str, list[tuple[int, int]]] = {}
-            for name in names:
-                for _, where in self._chunks(name):
+            for name, boxes in names:
+                for _, where in self._chunks(name, boxes):
                     if where is not None and not self._covered(where):
                         wanted.setdefault(where.file, []).append(
                             (where.offset, where.offset + where.nbytes)
@@ -154,13 +170,17 @@ class PackedSource:
             self.location(name, key), f"leaf {where} ({name}): {chunk}{detail}"
         )
 
-    def assemble(self, name: str) -> ts.TensorStore:
-        """Leaf ``name`` from the packs, as an in-memory array (after :meth:`_fetch`)."""
-        self._fetch()
+    def assemble(self, name: str, boxes: Sequence[Box] | None) -> np.ndarray:
+        """Leaf ``name`` from the packs, in memory: the chunks that ``boxes`` touch.
+
+        Waits for their reads (issued by :meth:`fetch`).
+        """
+        self.fetch()
         meta = self._leaves[name]
         dtype = np.dtype(meta["dtype"])
+        # Chunks no box touches are never read: they are left as they are.
         out = np.empty(tuple(meta["shape"]), dtype)
-        for glob, where in self._chunks(name):
+        for glob, where in self._chunks(name, boxes):
             key = chunk_key(glob, meta["chunks"])
             if where is None:
                 raise self._damaged(name, key, "the packs hold no such chunk")
@@ -169,33 +189,51 @@ class PackedSource:
                 raise self._damaged(name, key, f"its packed size {where.nbytes} is wrong")
             piece = self._bytes(name, key, where)
             out[glob] = np.frombuffer(piece, dtype).reshape(shape)
-        return ts.array(out)
+        return out
 
 
 class _Opening:
     """The opening of one packed leaf: a future in the way tensorstore's are used.
 
-    ``late``: its data is read only once it is waited for.
+    ``late``: its data is read only once it is waited for. :meth:`array` gives it as a
+    NumPy array, which a restore copies its regions from without tensorstore.
     """
 
     late = True
 
-    def __init__(self, source: PackedSource, name: str) -> None:
+    def __init__(self, source: PackedSource, name: str, boxes: Sequence[Box] | None) -> None:
         self._source = source
         self._name = name
-        self._store: ts.TensorStore | None = None
+        self._boxes = boxes
+        self._array: np.ndarray | None = None
+
+    def array(self) -> np.ndarray:
+        """The leaf, of which the chunks its boxes touch hold the stored values."""
+        if self._array is None:
+            self._array = self._source.assemble(self._name, self._boxes)
+        return self._array
 
     def result(self, timeout: float | None = None) -> ts.TensorStore:
-        if self._store is None:
-            self._store = self._source.assemble(self._name)
-        return self._store
+        return ts.array(self.array(), copy=False)
+
+
+def _touches(glob: tuple[slice, ...], box: Box) -> bool:
+    """Whether a chunk (its region) and a box overlap (a 0-d chunk touches any box)."""
+    return all(g.start < b and a < g.stop for g, (a, b) in zip(glob, box, strict=True))
 
 
 def _coalesce(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Merge byte ranges that overlap or lie less than ``COALESCE_GAP_BYTES`` apart."""
+    """Merge byte ranges that overlap or lie less than ``COALESCE_GAP_BYTES`` apart.
+
+    A merged request holds at most ``SPAN_BYTES`` (or one range, where that is larger).
+    """
     merged: list[tuple[int, int]] = []
     for start, stop in sorted(ranges):
-        if merged and start - merged[-1][1] < COALESCE_GAP_BYTES:
+        if (
+            merged
+            and start - merged[-1][1] < COALESCE_GAP_BYTES
+            and (stop <= merged[-1][1] or stop - merged[-1][0] <= SPAN_BYTES)
+        ):
             merged[-1] = (merged[-1][0], max(merged[-1][1], stop))
         else:
             merged.append((start, stop))

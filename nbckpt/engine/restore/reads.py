@@ -202,7 +202,14 @@ class LeafRead:
         self.pending: list[_Read] = []
         self._opening: Any = None
         if meta["kind"] != "scalar":
-            self._opening = opening if opening is not None else source.open(self.name)
+            whole: Box = tuple((0, d) for d in self.shape)
+            if sharding is None:
+                self.devices.append((None, whole))
+            else:
+                for device, index in sharding.addressable_devices_indices_map(self.shape).items():
+                    self.devices.append((device, _index_key(index, self.shape) if index else whole))
+            boxes = [self._box(want) for _, want in self.devices]
+            self._opening = opening if opening is not None else source.open(self.name, boxes)
         #: Where :func:`read_all` gathers small reads to put on devices in one batch:
         #: (leaf, device position, host buffer, device).
         self.batch: list[tuple[LeafRead, int, np.ndarray, Any]] | None = None
@@ -242,12 +249,8 @@ class LeafRead:
                 f"the array on disk is {list(store.shape)} {store.dtype.numpy_dtype}, the "
                 f"metadata says {list(self.shape)} {dtype}"
             )
-        whole: Box = tuple((0, d) for d in self.shape)
-        if self.sharding is None:
-            self.devices.append((None, whole))
-        else:
-            for device, index in self.sharding.addressable_devices_indices_map(self.shape).items():
-                self.devices.append((device, _index_key(index, self.shape) if index else whole))
+        # A packed leaf is in memory already: its regions are copied out directly.
+        held = self._opening.array() if hasattr(self._opening, "array") else None
         for _, want in self.devices:
             box = self._box(want)
             if box in self.reads:
@@ -259,7 +262,11 @@ class LeafRead:
             if read is None:
                 buf = aligned_empty(tuple(b - a for a, b in box), dtype)
                 read = _Read(self, box, buf, share=share)
-            if read.region is None or read.buf.size:
+            if held is not None:
+                read.buf[...] = held[_slices(read.box)]
+                read.future = Future()
+                read.future.set_result(None)
+            elif read.region is None or read.buf.size:
                 dst = ts.array(read.buf, copy=False, write=True)
                 read.future = dst.write(store[_slices(read.box)])
             else:  # an empty slab: the other holders read the whole region
@@ -298,45 +305,13 @@ class LeafRead:
         slab: Box = ((a + start, a + stop), *rest)
         return _Read(self, slab, region.buffer()[start:stop], region=region, whole=box)
 
-    def _verify(self, read: _Read) -> None:
-        """Check every chunk of ``read`` against its recorded checksum."""
-        recorded = self.recorded
-        if recorded is None:  # nothing was recorded to check against
-            return
-        # A shared region has a first dimension (only leaves of 2 MiB or more are
-        # shared); a 0-d leaf is checked whole.
-        mine, first, step = None, 0, 1
-        if read.share is not None and read.share[1] > 1:
-            rank, holders = read.share
-            mine = slab_rows(self._rows(read.box), holders, rank)
-            first, step = read.box[0][0], max(1, self.chunks[0])
-        regions = chunk_regions(_slices(read.box), self.shape, self.chunks)
-        for glob, local in regions:
-            if mine is not None and (glob[0].start - first) // step not in mine:
-                continue  # another process that read this region checks that chunk
-            key = chunk_key(glob, self.chunks)
-            rec = recorded.get(key)
-            if rec is None:
-                raise self._damaged(f"chunk {key} has no recorded checksum", key)
-            algorithm, expected = rec
-            # A zero-copy view when the chunk spans the buffer's trailing dimensions
-            # (always, with the save's own sharding); a copy otherwise.
-            chunk = read.buf[local]
-            if not _checksum.matches(chunk, algorithm, expected):
-                got = _checksum.checksum(chunk, algorithm)
-                raise self._damaged(
-                    f"chunk {key} does not match its checksum ({algorithm} recorded "
-                    f"{expected:08x}, read {got:08x})",
-                    key,
-                )
-
     def check(self, read: _Read) -> None:
         """Raise if a finished read failed, or if a chunk in it fails its checksum."""
         try:
             read.future.result()
         except ValueError as e:
             raise _read_failed(self, e, read.box) from None
-        self._verify(read)
+        _verify(self, read)
 
     def place(self, read: _Read) -> None:
         """Put what each device needs of a checked read on that device.
@@ -420,6 +395,38 @@ class LeafRead:
         return value
 
 
+def _verify(leaf: LeafRead, read: _Read) -> None:
+    """Check every chunk of ``read`` against its recorded checksum."""
+    recorded = leaf.recorded
+    if recorded is None:  # nothing was recorded to check against
+        return
+    # A shared region has a first dimension (only leaves of 2 MiB or more are
+    # shared); a 0-d leaf is checked whole.
+    mine, first, step = None, 0, 1
+    if read.share is not None and read.share[1] > 1:
+        rank, holders = read.share
+        mine = slab_rows(leaf._rows(read.box), holders, rank)
+        first, step = read.box[0][0], max(1, leaf.chunks[0])
+    for glob, local in chunk_regions(_slices(read.box), leaf.shape, leaf.chunks):
+        if mine is not None and (glob[0].start - first) // step not in mine:
+            continue  # another process that read this region checks that chunk
+        key = chunk_key(glob, leaf.chunks)
+        rec = recorded.get(key)
+        if rec is None:
+            raise leaf._damaged(f"chunk {key} has no recorded checksum", key)
+        algorithm, expected = rec
+        # A zero-copy view when the chunk spans the buffer's trailing dimensions
+        # (always, with the save's own sharding); a copy otherwise.
+        chunk = read.buf[local]
+        if not _checksum.matches(chunk, algorithm, expected):
+            got = _checksum.checksum(chunk, algorithm)
+            raise leaf._damaged(
+                f"chunk {key} does not match its checksum ({algorithm} recorded "
+                f"{expected:08x}, read {got:08x})",
+                key,
+            )
+
+
 def _number(meta: dict[str, Any]) -> Any:
     """A leaf saved as a Python number, as the number it was.
 
@@ -477,8 +484,11 @@ def read_all(leaves: list[LeafRead], progress: Callable[[int, int], None] | None
     batch: list[tuple[LeafRead, int, np.ndarray, Any]] = []
     for leaf in leaves:
         leaf.batch = batch
-    # A leaf fetched only once it is waited for (a packed one) is issued after all
-    # others, so that waiting for it never holds back their reads.
+    # Sources that fetch late (the packs) start their reads now, every leaf known; a
+    # leaf fetched so is issued after all others, so waiting for it holds back none.
+    for source in {id(leaf.source): leaf.source for leaf in leaves}.values():
+        if hasattr(source, "fetch"):
+            source.fetch()
     late = [bool(getattr(leaf._opening, "late", False)) for leaf in leaves]
     ordered = [x for x, z in zip(leaves, late, strict=True) if not z]
     ordered += [x for x, z in zip(leaves, late, strict=True) if z]

@@ -7,6 +7,7 @@ which checks, which devices) does not depend on how the arrays are stored.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -14,7 +15,7 @@ import tensorstore as ts
 
 from nbckpt.engine.arrays.orbax_arrays import open_orbax_array_async
 from nbckpt.engine.arrays.zarr import fresh_context, open_array_async
-from nbckpt.engine.restore.packed import PackedSource
+from nbckpt.engine.restore.packed import Box, PackedSource
 from nbckpt.formats.checksum import read_checksums
 from nbckpt.formats.orbax_write import ORBAX_ARRAYS
 from nbckpt.formats.packs import PackIndex, is_packed
@@ -37,8 +38,12 @@ class ArraySource(Protocol):
         """The directory the arrays are in."""
         ...
 
-    def open(self, name: str) -> ts.Future[ts.TensorStore]:
-        """Start opening the array of leaf ``name`` for reading."""
+    def open(self, name: str, boxes: Sequence[Box] | None = None) -> ts.Future[ts.TensorStore]:
+        """Start opening the array of leaf ``name`` for reading.
+
+        ``boxes``, if given, are the regions this process will read (``(start, stop)``
+        per dimension): a source may fetch only the data they touch.
+        """
         ...
 
     def location(self, name: str, key: str | None = None) -> str:
@@ -60,8 +65,8 @@ class Zarr2Source:
 
     directory: Location
 
-    def open(self, name: str) -> ts.Future[ts.TensorStore]:
-        """Open ``<directory>/<name>``."""
+    def open(self, name: str, boxes: Sequence[Box] | None = None) -> ts.Future[ts.TensorStore]:
+        """Open ``<directory>/<name>`` (its reads fetch only what they touch)."""
         return open_array_async(self.directory / name, fill_missing=False)
 
     def location(self, name: str, key: str | None = None) -> str:
@@ -103,8 +108,8 @@ class OrbaxSource:
     orbax: bool = True
     context: ts.Context = field(default_factory=fresh_context, compare=False, repr=False)
 
-    def open(self, name: str) -> ts.Future[ts.TensorStore]:
-        """Open array ``name`` as Orbax reads it."""
+    def open(self, name: str, boxes: Sequence[Box] | None = None) -> ts.Future[ts.TensorStore]:
+        """Open array ``name`` as Orbax reads it (its reads fetch only what they touch)."""
         return open_orbax_array_async(
             self.directory,
             name,
