@@ -11,6 +11,7 @@ checksums) and places it as it does a leaf of its own zarr array.
 
 from __future__ import annotations
 
+import bisect
 import math
 import threading
 from collections.abc import Iterable, Sequence
@@ -34,9 +35,6 @@ COALESCE_GAP_BYTES = 1 << 20
 #: ... of at most this many bytes (more if one range is larger), so that several
 #: requests are in flight at once: one long read keeps a disk's queue too short.
 SPAN_BYTES = 1 << 20
-
-#: A stretch of one pack read with one request: (file, start, stop).
-_Span = tuple[str, int, int]
 
 #: Where a region of a leaf lies: ``(start, stop)`` per dimension.
 Box = tuple[tuple[int, int], ...]
@@ -78,7 +76,8 @@ class PackedSource:
         self._index = index
         self._lock = threading.Lock()
         self._waiting: list[tuple[str, Sequence[Box] | None]] = []
-        self._spans: dict[_Span, Future[bytes]] = {}
+        #: Per pack, the stretches requested, by their first byte.
+        self._spans: dict[str, list[tuple[int, int, Future[bytes]]]] = {}
 
     def open(self, name: str, boxes: Sequence[Box] | None = None) -> Any:
         """Start opening leaf ``name``: a packed one is read with the others, later.
@@ -129,7 +128,7 @@ class PackedSource:
             wanted: dict[str, list[tuple[int, int]]] = {}
             for name, boxes in names:
                 for _, where in self._chunks(name, boxes):
-                    if where is not None and not self._covered(where):
+                    if where is not None and self._span(where) is None:
                         wanted.setdefault(where.file, []).append(
                             (where.offset, where.offset + where.nbytes)
                         )
@@ -137,27 +136,33 @@ class PackedSource:
                 return
             kv = ts.KvStore.open(storage.kvstore_spec(self.directory), context=context()).result()
             for file, ranges in wanted.items():
-                for start, stop in _coalesce(ranges):
-                    self._spans[file, start, stop] = _read(kv, file, start, stop)
+                spans = self._spans.setdefault(file, [])
+                spans += [(a, b, _read(kv, file, a, b)) for a, b in _coalesce(ranges)]
+                spans.sort(key=lambda s: s[0])
 
-    def _covered(self, where: PackedChunk) -> bool:
+    def _span(self, where: PackedChunk) -> tuple[int, int, Future[bytes]] | None:
+        """The stretch requested that holds the chunk, if any (found by bisection)."""
+        spans = self._spans.get(where.file, [])
         end = where.offset + where.nbytes
-        return any(f == where.file and a <= where.offset and end <= b for f, a, b in self._spans)
+        i = bisect.bisect_right(spans, where.offset, key=lambda s: s[0]) - 1
+        if i >= 0 and spans[i][1] >= end:
+            return spans[i]
+        # Stretches of two fetches may overlap: look at the others too.
+        return next((s for s in spans if s[0] <= where.offset and end <= s[1]), None)
 
     def _bytes(self, name: str, key: str, where: PackedChunk) -> memoryview:
         end = where.offset + where.nbytes
-        span = next(
-            s for s in self._spans if s[0] == where.file and s[1] <= where.offset and end <= s[2]
-        )
+        span = self._span(where)
+        assert span is not None, "fetch() requested every chunk assembled"
         try:
-            data = self._spans[span].result()
+            data = span[2].result()
         except FileNotFoundError:
             raise self._damaged(name, key, f"its pack {where.file} is missing") from None
         except ValueError as e:
             if not str(e).startswith("OUT_OF_RANGE"):
                 raise
             raise self._damaged(name, key, f"its pack {where.file} is cut short") from None
-        piece = memoryview(data)[where.offset - span[1] : end - span[1]]
+        piece = memoryview(data)[where.offset - span[0] : end - span[0]]
         if len(piece) != where.nbytes:
             raise self._damaged(name, key, f"its pack {where.file} is cut short")
         return piece
@@ -170,33 +175,41 @@ class PackedSource:
             self.location(name, key), f"leaf {where} ({name}): {chunk}{detail}"
         )
 
-    def assemble(self, name: str, boxes: Sequence[Box] | None) -> np.ndarray:
-        """Leaf ``name`` from the packs, in memory: the chunks that ``boxes`` touch.
+    def fill(self, name: str, box: Box, out: np.ndarray) -> None:
+        """Copy region ``box`` of leaf ``name`` into ``out`` (of the box's shape).
 
-        Waits for their reads (issued by :meth:`fetch`).
+        Waits for the reads of the chunks it touches (issued by :meth:`fetch`).
         """
         self.fetch()
         meta = self._leaves[name]
         dtype = np.dtype(meta["dtype"])
-        # Chunks no box touches are never read: they are left as they are.
-        out = np.empty(tuple(meta["shape"]), dtype)
-        for glob, where in self._chunks(name, boxes):
+        for glob, where in self._chunks(name, [box]):
             key = chunk_key(glob, meta["chunks"])
             if where is None:
                 raise self._damaged(name, key, "the packs hold no such chunk")
             shape = tuple(s.stop - s.start for s in glob)
             if where.nbytes != math.prod(shape) * dtype.itemsize:
                 raise self._damaged(name, key, f"its packed size {where.nbytes} is wrong")
-            piece = self._bytes(name, key, where)
-            out[glob] = np.frombuffer(piece, dtype).reshape(shape)
-        return out
+            chunk = np.frombuffer(self._bytes(name, key, where), dtype).reshape(shape)
+            inside = [
+                (max(g.start, a), min(g.stop, b)) for g, (a, b) in zip(glob, box, strict=True)
+            ]
+            out[tuple(slice(s - a, t - a) for (s, t), (a, _) in zip(inside, box, strict=True))] = (
+                chunk[
+                    tuple(
+                        slice(s - g.start, t - g.start)
+                        for (s, t), g in zip(inside, glob, strict=True)
+                    )
+                ]
+            )
 
 
 class _Opening:
     """The opening of one packed leaf: a future in the way tensorstore's are used.
 
-    ``late``: its data is read only once it is waited for. :meth:`array` gives it as a
-    NumPy array, which a restore copies its regions from without tensorstore.
+    ``late``: its data is read only once it is waited for. :meth:`fill` copies a
+    region straight into a restore's buffer, without tensorstore; :meth:`result` is
+    the leaf as an in-memory array, for other readers (the chunks its boxes touch).
     """
 
     late = True
@@ -205,16 +218,18 @@ class _Opening:
         self._source = source
         self._name = name
         self._boxes = boxes
-        self._array: np.ndarray | None = None
 
-    def array(self) -> np.ndarray:
-        """The leaf, of which the chunks its boxes touch hold the stored values."""
-        if self._array is None:
-            self._array = self._source.assemble(self._name, self._boxes)
-        return self._array
+    def fill(self, box: Box, out: np.ndarray) -> None:
+        """Copy region ``box`` of the leaf into ``out``."""
+        self._source.fill(self._name, box, out)
 
     def result(self, timeout: float | None = None) -> ts.TensorStore:
-        return ts.array(self.array(), copy=False)
+        meta = self._source._leaves[self._name]
+        whole: Box = tuple((0, d) for d in meta["shape"])
+        out = np.empty(tuple(meta["shape"]), np.dtype(meta["dtype"]))
+        for box in [whole] if self._boxes is None else self._boxes:
+            self.fill(box, out[(*(slice(a, b) for a, b in box), ...)])  # a view, 0-d too
+        return ts.array(out, copy=False)
 
 
 def _touches(glob: tuple[slice, ...], box: Box) -> bool:

@@ -242,15 +242,18 @@ class LeafRead:
         """
         if self._opening is None:
             return 0
-        store = self.store()
         dtype = np.dtype(self.meta["dtype"])
-        if tuple(store.shape) != self.shape or store.dtype.numpy_dtype != dtype:
+        # A packed leaf's regions are copied straight into their buffers; its shape and
+        # dtype are the metadata's (it has no array metadata of its own).
+        fill = getattr(self._opening, "fill", None)
+        store = None if fill is not None else self.store()
+        if store is not None and (
+            tuple(store.shape) != self.shape or store.dtype.numpy_dtype != dtype
+        ):
             raise self._damaged(
                 f"the array on disk is {list(store.shape)} {store.dtype.numpy_dtype}, the "
                 f"metadata says {list(self.shape)} {dtype}"
             )
-        # A packed leaf is in memory already: its regions are copied out directly.
-        held = self._opening.array() if hasattr(self._opening, "array") else None
         for _, want in self.devices:
             box = self._box(want)
             if box in self.reads:
@@ -262,11 +265,11 @@ class LeafRead:
             if read is None:
                 buf = aligned_empty(tuple(b - a for a, b in box), dtype)
                 read = _Read(self, box, buf, share=share)
-            if held is not None:
-                read.buf[...] = held[_slices(read.box)]
+            if fill is not None:
+                fill(read.box, read.buf)
                 read.future = Future()
                 read.future.set_result(None)
-            elif read.region is None or read.buf.size:
+            elif store is not None and (read.region is None or read.buf.size):
                 dst = ts.array(read.buf, copy=False, write=True)
                 read.future = dst.write(store[_slices(read.box)])
             else:  # an empty slab: the other holders read the whole region
