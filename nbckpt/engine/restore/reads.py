@@ -532,6 +532,9 @@ def read_all(leaves: list[LeafRead], progress: Callable[[int, int], None] | None
     finally:
         for leaf in leaves:
             leaf.batch = None  # what is placed later (adopt) is placed at once
+        for source in {id(leaf.source): leaf.source for leaf in leaves}.values():
+            if hasattr(source, "close"):
+                source.close()  # the packs it opened
         if pool is not None:
             # After a failure the reads and checks still running are of no use.
             pool.shutdown(wait=False, cancel_futures=True)
