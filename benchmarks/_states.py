@@ -15,9 +15,10 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-#: Layers of the ``transformer`` state: 12 leaves per layer, times 3 (params, mu, nu).
+#: Layers of the ``transformer`` state: 3 x (1 + 12 x 12 + 2) + 1 = 442 leaves (params, mu,
+#: nu: embedding, 12 per layer, final norm; and the step count).
 TRANSFORMER_LAYERS = 12
-#: Layers of the ``many`` state: 3 x (12 x 111 + 4) + 1 = 4,009 leaves.
+#: Layers of the ``many`` state: 3 x (1 + 12 x 111 + 2) + 1 = 4,006 leaves.
 MANY_LAYERS = 111
 #: The embedding has this many rows per unit of model width (a vocabulary of 8 d).
 _VOCAB_PER_WIDTH = 8

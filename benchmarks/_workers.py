@@ -182,8 +182,8 @@ def build(nbytes: int, leaves: int = LEAVES, layout: str = "fsdp") -> dict[str, 
         ``P("data", "model")`` and ``P(None, "model")`` (replicated over "data").
         ``small``: a nested optimizer-like state: six large fsdp leaves, 384 small
         replicated ones (1-64 KiB), 0-d jax arrays and Python scalars.
-        ``transformer``: a 12-layer transformer's parameters and AdamW state (445
-        leaves, see ``_states``); ``many``: the same with 111 layers (4,009 leaves).
+        ``transformer``: a 12-layer transformer's parameters and AdamW state (442
+        leaves, see ``_states``); ``many``: the same with 111 layers (4,006 leaves).
 
     Returns
     -------

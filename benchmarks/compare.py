@@ -14,7 +14,7 @@ repetition. The states (``_workers.LAYOUTS``) are ``fsdp`` (8 float32 arrays sha
 over every device), ``replicated`` (the same arrays whole on every device), ``mesh2d``
 (a 2-D mesh, partly replicated), ``small`` (an optimizer-like tree of a few large
 leaves, hundreds of small ones and scalars), ``transformer`` (a transformer's
-parameters and AdamW state, 445 leaves) and ``many`` (the same, 4,009 leaves).
+parameters and AdamW state, 442 leaves) and ``many`` (the same, 4,006 leaves).
 ``--sizes`` are the sizes of the
 ``fsdp`` state, which is also written with plain tensorstore (one uncompressed zarr
 chunk per shard, fsync'd); ``--state-sizes`` those of every state in ``--states``.
@@ -810,7 +810,7 @@ def main(argv: list[str] | None = None) -> int:
         "leaves, 384 replicated leaves of 1-64 KiB, 0-d arrays and Python scalars; "
         "`transformer`, a 12-layer transformer's parameters and AdamW `mu` and `nu` "
         "(embedding, per layer four FSDP-sharded matrices, four biases and two layer norms "
-        "replicated, 445 leaves); `many`, the same with 111 layers (4,009 leaves). Per "
+        "replicated, 442 leaves); `many`, the same with 111 layers (4,006 leaves). Per "
         "repetition, in rotating order: nbckpt (`AsyncCheckpointer.save` + "
         "`wait_until_finished`, restore into the same shardings), Orbax "
         "(`ocp.AsyncCheckpointer(ocp.StandardCheckpointHandler())`, its durable "
