@@ -122,14 +122,14 @@ def take_snapshot(
 ) -> Snapshot:
     """Build this process's snapshot of ``leaves``.
 
-    A shard of a global ``jax.Array`` is written by the process that holds its replica
-    0, so a replicated shard is written exactly once. Arrays that are local to each
-    process (NumPy arrays, fully addressable jax arrays when several processes run)
-    are taken to be the same everywhere and are written by the primary only. A shard
-    too small to split among its replicas is written by one of them, picked by the
-    leaf's position, so that the small replicated leaves of a state are spread over
-    the processes. Leaves of at most ``pack_bytes`` are packed
-    (:mod:`nbckpt.formats.packs`); 0 packs none.
+    A replicated shard of a global ``jax.Array`` is written exactly once: its replicas
+    split its chunks among them, or, where it is too small to split (or packed), one
+    replica writes it whole, picked by the leaf's position, so that the small
+    replicated leaves of a state are spread over the processes. Arrays that are local
+    to each process (NumPy arrays, fully addressable jax arrays when several processes
+    run) are taken to be the same everywhere and are written by the primary only.
+    Leaves of at most ``pack_bytes`` are packed (:mod:`nbckpt.formats.packs`); 0 packs
+    none.
 
     Every shard of a jax array this process writes is copied to host memory before it
     returns (see the module's description): the arrays may be donated or deleted as
