@@ -222,3 +222,11 @@ def test_the_inventory_takes_a_packed_step_for_complete_until_its_packs_go(tmp_p
     shutil.rmtree(step / PACK_DIR)
     (entry,) = classify(tmp_path)
     assert entry.state == "corrupt" and PACK_DIR in entry.reason
+
+
+def test_a_leaf_cannot_take_the_packs_folder_name():
+    from nbckpt.engine.arrays.tree import flatten
+
+    with pytest.raises(ValueError, match=r"_packed.*its own records") as err:
+        flatten({"_packed": np.zeros(3)})  # case folded: one folder on a case-blind disk
+    assert "\n" not in str(err.value)

@@ -19,6 +19,7 @@ from nbckpt.formats.layout import (
     OWNER_FILE,
 )
 from nbckpt.formats.orbax_names import ARRAY_METADATAS_DIR, SHARDING, TREE_METADATA
+from nbckpt.formats.packs import PACK_DIR
 
 __all__ = [
     "EMPTY",
@@ -95,6 +96,7 @@ RESERVED_NAMES = frozenset(
         METADATA_FILE,
         LEGACY_METADATA_FILE,
         CHECKSUMS_DIR,
+        PACK_DIR,
         OWNER_FILE,
         COMMIT_FILE,
         # Orbax's records, which every step carries too (nbckpt.formats.orbax_write).
