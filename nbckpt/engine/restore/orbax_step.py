@@ -31,7 +31,8 @@ import jax
 import tensorstore as ts
 
 from nbckpt.engine.arrays.tree import PathEntry, path_entry, unflatten_paths
-from nbckpt.engine.restore.reads import LeafRead, read_all
+from nbckpt.engine.restore.reads import LeafRead
+from nbckpt.engine.restore.schedule import read_all
 from nbckpt.engine.restore.sources import ORBAX_UNVERIFIED, OrbaxSource
 from nbckpt.engine.restore.targets import (
     check_dtype,

@@ -9,8 +9,9 @@ checksum covers a whole chunk. With the shardings of the save the regions are wh
 chunks already and nothing more is read; a target sharding that cuts chunks reads up to
 one more chunk at each edge of a region, which then is copied out of the checked
 buffer. Without checksums (Orbax's steps) nothing is widened: exactly the region is
-read. :func:`read_all` issues every leaf's reads before it waits for any, and checks
-reads in the order they complete, while the others are still in flight.
+read. :func:`read_all` (:mod:`nbckpt.engine.restore.schedule`) issues every leaf's reads before it
+waits for any, and checks reads in the order they complete, while the others are still
+in flight.
 """
 
 from __future__ import annotations
@@ -18,11 +19,9 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-import os
-import queue
 import re
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +31,6 @@ import tensorstore as ts
 
 from nbckpt.engine.arrays.tree import path_str
 from nbckpt.engine.arrays.zarr import chunk_key, chunk_regions
-from nbckpt.engine.progress import ProgressReport
 from nbckpt.engine.restore import hostshare
 from nbckpt.engine.restore.hostshare import HostRegion, slab_rows
 from nbckpt.engine.restore.sources import ArraySource
@@ -41,24 +39,19 @@ from nbckpt.errors import CorruptCheckpointError
 from nbckpt.formats import checksum as _checksum
 
 __all__ = [
+    "SMALL_READ_BYTES",
     "Box",
     "LeafRead",
     "aligned_empty",
-    "read_all",
 ]
 
 #: XLA's CPU client adopts a host buffer without copying it only if it is aligned to
 #: this many bytes; tensorstore's own read buffers are aligned to 16 only.
 _ALIGNMENT = 64
 
-#: Threads that check chunks while others are still being read: enough to keep up with
-#: fast storage (CRC-32C runs at several GB/s per core), few enough to leave the cores
-#: to the processes that share the host.
-_VERIFY_THREADS = max(1, min(4, (os.cpu_count() or 1) // 2))
-
 #: Reads smaller than this are checked on the thread that places them (handing a read
 #: to a checking thread costs more than its CRC) and put on their devices in one batch.
-_SMALL_READ_BYTES = 256 << 10
+SMALL_READ_BYTES = 256 << 10
 
 #: Where a region of a leaf lies: ``(start, stop)`` per dimension.
 Box = tuple[tuple[int, int], ...]
@@ -96,12 +89,12 @@ def _chunk_box(box: Box, shape: Sequence[int], chunks: Sequence[int]) -> Box:
     )
 
 
-def _call(on_done: Callable[[_Read], None], read: _Read, _future: Any) -> None:
+def _call(on_done: Callable[[RegionRead], None], read: RegionRead, _future: Any) -> None:
     on_done(read)
 
 
 @dataclass
-class _Read:
+class RegionRead:
     """One read: a box of one leaf (chunk-aligned where it is checked), into ``buf``."""
 
     leaf: LeafRead
@@ -192,14 +185,14 @@ class LeafRead:
         self.shape = tuple(int(s) for s in meta.get("shape", ()))
         self.chunks = [int(c) for c in meta.get("chunks", [1] * len(self.shape))]
         self.nbytes = 0
-        self.reads: dict[Box, _Read] = {}
+        self.reads: dict[Box, RegionRead] = {}
         #: (device, the box it needs) per addressable device; None means host values.
         self.devices: list[tuple[Any, Box]] = []
         self.placed: dict[int, Any] = {}
         self.shares = shares or {}
         self.scratch = scratch
         #: Slabs read into host-shared files, placed by :meth:`adopt`.
-        self.pending: list[_Read] = []
+        self.pending: list[RegionRead] = []
         self._opening: Any = None
         if meta["kind"] != "scalar":
             whole: Box = tuple((0, d) for d in self.shape)
@@ -210,9 +203,14 @@ class LeafRead:
                     self.devices.append((device, _index_key(index, self.shape) if index else whole))
             boxes = [self._box(want) for _, want in self.devices]
             self._opening = opening if opening is not None else source.open(self.name, boxes)
-        #: Where :func:`read_all` gathers small reads to put on devices in one batch:
+        #: Where ``read_all`` gathers small reads to put on devices in one batch:
         #: (leaf, device position, host buffer, device).
         self.batch: list[tuple[LeafRead, int, np.ndarray, Any]] | None = None
+
+    @property
+    def late(self) -> bool:
+        """Whether its data is fetched only once it is waited for (a packed leaf)."""
+        return bool(getattr(self._opening, "late", False))
 
     def _damaged(self, detail: str, key: str | None = None) -> CorruptCheckpointError:
         note = self.source.note()
@@ -235,7 +233,7 @@ class LeafRead:
             raise
         return store
 
-    def issue(self, on_done: Callable[[_Read], None]) -> int:
+    def issue(self, on_done: Callable[[RegionRead], None]) -> int:
         """Issue the reads of every region this process needs; return their number.
 
         ``on_done(read)`` is called, on a tensorstore thread, as each read completes.
@@ -264,7 +262,7 @@ class LeafRead:
                 read = self._together(box, dtype, share)
             if read is None:
                 buf = aligned_empty(tuple(b - a for a, b in box), dtype)
-                read = _Read(self, box, buf, share=share)
+                read = RegionRead(self, box, buf, share=share)
             if fill is not None:
                 fill(read.box, read.buf)
                 read.future = Future()
@@ -285,7 +283,9 @@ class LeafRead:
         a, b = box[0]
         return -(-(b - a) // max(1, self.chunks[0]))
 
-    def _together(self, box: Box, dtype: np.dtype[Any], share: tuple[int, int]) -> _Read | None:
+    def _together(
+        self, box: Box, dtype: np.dtype[Any], share: tuple[int, int]
+    ) -> RegionRead | None:
         """This process's slab of ``box``, read into the holders' shared file.
 
         None when the shared memory has no room or cannot be used: the caller reads
@@ -306,9 +306,9 @@ class LeafRead:
             return None
         (a, _), *rest = box
         slab: Box = ((a + start, a + stop), *rest)
-        return _Read(self, slab, region.buffer()[start:stop], region=region, whole=box)
+        return RegionRead(self, slab, region.buffer()[start:stop], region=region, whole=box)
 
-    def check(self, read: _Read) -> None:
+    def check(self, read: RegionRead) -> None:
         """Raise if a finished read failed, or if a chunk in it fails its checksum."""
         try:
             read.future.result()
@@ -316,7 +316,7 @@ class LeafRead:
             raise _read_failed(self, e, read.box) from None
         _verify(self, read)
 
-    def place(self, read: _Read) -> None:
+    def place(self, read: RegionRead) -> None:
         """Put what each device needs of a checked read on that device.
 
         A slab of a host-shared region is only recorded as done: :meth:`adopt` places
@@ -374,7 +374,7 @@ class LeafRead:
                 host = convert(self.where, host, self.dtype, self.exact)
             if device is None:
                 self.placed[i] = host
-            elif self.batch is not None and host.nbytes < _SMALL_READ_BYTES:
+            elif self.batch is not None and host.nbytes < SMALL_READ_BYTES:
                 self.batch.append((self, i, host, device))
             else:
                 self.placed[i] = jax.device_put(host, device)
@@ -398,7 +398,7 @@ class LeafRead:
         return value
 
 
-def _verify(leaf: LeafRead, read: _Read) -> None:
+def _verify(leaf: LeafRead, read: RegionRead) -> None:
     """Check every chunk of ``read`` against its recorded checksum."""
     recorded = leaf.recorded
     if recorded is None:  # nothing was recorded to check against
@@ -467,80 +467,3 @@ def _read_failed(leaf: LeafRead, e: Exception, box: Box) -> Exception:
 
 def _slices(box: Box) -> tuple[slice, ...]:
     return tuple(slice(a, b) for a, b in box)
-
-
-def read_all(leaves: list[LeafRead], progress: Callable[[int, int], None] | None = None) -> None:
-    """Issue every leaf's reads, check each as it completes, and place it on its devices.
-
-    The checksum checks run on a few threads (the CRC releases the GIL), so that on a
-    host with cores to spare they keep up with the reads however fast the storage is;
-    the main thread places each read on its devices as soon as it is checked. Leaves
-    without recorded checksums are only checked for read errors.
-
-    ``progress(done, total)``, if given, is called once every read is issued (``done``
-    0), then with the bytes read and checked so far as
-    :class:`~nbckpt.engine.progress.ProgressReport` paces it (each eighth of ``total``,
-    and at least every 0.2 s while reads complete); the last read is not reported.
-    """
-    #: (a completed read, None) or (a checked read, its check's future).
-    events: queue.SimpleQueue[tuple[_Read, Future[None] | None]] = queue.SimpleQueue()
-    batch: list[tuple[LeafRead, int, np.ndarray, Any]] = []
-    for leaf in leaves:
-        leaf.batch = batch
-    # Sources that fetch late (the packs) start their reads now, every leaf known; a
-    # leaf fetched so is issued after all others, so waiting for it holds back none.
-    for source in {id(leaf.source): leaf.source for leaf in leaves}.values():
-        if hasattr(source, "fetch"):
-            source.fetch()
-    late = [bool(getattr(leaf._opening, "late", False)) for leaf in leaves]
-    ordered = [x for x, z in zip(leaves, late, strict=True) if not z]
-    ordered += [x for x, z in zip(leaves, late, strict=True) if z]
-    remaining = sum(leaf.issue(lambda r: events.put((r, None))) for leaf in ordered)
-    total = sum(leaf.nbytes for leaf in leaves)
-    report = ProgressReport(None if progress is None else lambda b: progress(b, total), total)
-    if progress is not None:
-        progress(0, total)
-    pool = None
-    if remaining > 1 and any(leaf.recorded is not None for leaf in leaves):
-        pool = ThreadPoolExecutor(_VERIFY_THREADS, thread_name_prefix="nbckpt-verify")
-    try:
-        while remaining:
-            read, checked = events.get()
-            small = read.buf.nbytes < _SMALL_READ_BYTES
-            if (
-                checked is None
-                and pool is not None
-                and read.leaf.recorded is not None
-                and not small
-            ):
-                checking = pool.submit(read.leaf.check, read)
-                checking.add_done_callback(functools.partial(_checked, events, read))
-                continue
-            if checked is None:
-                read.leaf.check(read)
-            else:
-                checked.result()
-            read.leaf.place(read)
-            report.add(read.buf.nbytes)
-            remaining -= 1
-        if batch:
-            # One call puts every small read on its device: one by one, the calls'
-            # own cost is most of a small leaf's restore.
-            placed = jax.device_put([b[2] for b in batch], [b[3] for b in batch])
-            for (leaf, i, _, _), value in zip(batch, placed, strict=True):
-                leaf.placed[i] = value
-    finally:
-        for leaf in leaves:
-            leaf.batch = None  # what is placed later (adopt) is placed at once
-        for source in {id(leaf.source): leaf.source for leaf in leaves}.values():
-            if hasattr(source, "close"):
-                source.close()  # the packs it opened
-        if pool is not None:
-            # After a failure the reads and checks still running are of no use.
-            pool.shutdown(wait=False, cancel_futures=True)
-
-
-def _checked(
-    events: queue.SimpleQueue[tuple[_Read, Future[None] | None]], read: _Read, f: Future[None]
-) -> None:
-    events.put((read, f))

@@ -43,7 +43,8 @@ from nbckpt.engine.restore.exchange import (
     verify_shares,
 )
 from nbckpt.engine.restore.orbax_step import restore_orbax_step
-from nbckpt.engine.restore.reads import LeafRead, read_all
+from nbckpt.engine.restore.reads import LeafRead
+from nbckpt.engine.restore.schedule import read_all
 from nbckpt.engine.restore.sources import source_for
 from nbckpt.engine.restore.targets import (
     check_dtype,
