@@ -230,3 +230,44 @@ def test_a_leaf_cannot_take_the_packs_folder_name():
     with pytest.raises(ValueError, match=r"_packed.*its own records") as err:
         flatten({"_packed": np.zeros(3)})  # case folded: one folder on a case-blind disk
     assert "\n" not in str(err.value)
+
+
+def reshard_packed(root: str) -> list[str]:
+    """Save a small leaf in 2-row chunks by rows; restore it by columns, checked or not.
+
+    Each device's columns cut every chunk: the restore takes the chunks it touches
+    from the pack and copies out their intersection. Returns what went wrong.
+    """
+    import functools
+
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from nbckpt.engine.arrays.zarr import chunk_shape
+    from nbckpt.engine.restore.step import restore_step
+    from nbckpt.engine.save import snapshot
+
+    mesh = Mesh(np.array(jax.devices()), ("x",))
+    value = np.arange(8 * 6, dtype=np.float32).reshape(8, 6)
+    snapshot.chunk_shape = functools.partial(chunk_shape, max_bytes=48)
+    try:
+        ck = AsyncCheckpointer(root)
+        ck.save(1, {"v": jax.device_put(value, NamedSharding(mesh, P("x", None)))})
+        ck.wait_until_finished()
+    finally:
+        snapshot.chunk_shape = chunk_shape
+    problems = []
+    if not (Path(root) / "1" / PACK_DIR).is_dir():
+        problems.append("not packed")
+    cols = NamedSharding(mesh, P(None, "x"))
+    for verify in (True, False):
+        out = restore_step(Path(root) / "1", {"v": cols}, verify=verify)
+        for shard in out["v"].addressable_shards:
+            if not np.array_equal(np.asarray(shard.data), value[shard.index]):
+                problems.append(f"verify={verify}: {shard.index} differs")
+    return problems
+
+
+@pytest.mark.multihost
+def test_a_target_that_cuts_packed_chunks_gets_their_intersection(group1, tmp_path):
+    assert group1.run(f"{T}:reshard_packed", str(tmp_path)) == [[]]
