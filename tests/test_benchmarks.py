@@ -63,21 +63,24 @@ def test_compare_quick_reports_every_measure(tmp_path):
     # Every state at --quick's one state size (16 MiB), each restore checked by the
     # workers, fsdp measured once for both tables.
     rows = {r[0]: r for r in table_rows(report, "### States")}
-    assert sorted(rows) == ["fsdp", "mesh2d", "replicated", "small"]
-    # Owned (replicas included) / unique share, with 4 processes: replicated holds it
-    # all, mesh2d's (2, 2) mesh half-replicates every other leaf.
-    assert rows["fsdp"][1:3] == ["16 MiB", "4 MiB / 4 MiB"]
-    assert rows["replicated"][1:3] == ["16 MiB", "16 MiB / 4 MiB"]
-    assert rows["mesh2d"][1:3] == ["16 MiB", "6 MiB / 4 MiB"]
+    assert sorted(rows) == ["fsdp", "many", "mesh2d", "replicated", "small", "transformer"]
+    # Leaves; owned (replicas included) / unique share, with 4 processes: replicated
+    # holds it all, mesh2d's (2, 2) mesh half-replicates every other leaf.
+    assert [rows["fsdp"][i] for i in (1, 2, 3)] == ["16 MiB", "8", "4 MiB / 4 MiB"]
+    assert rows["replicated"][3] == "16 MiB / 4 MiB"
+    assert rows["mesh2d"][3] == "6 MiB / 4 MiB"
+    assert rows["transformer"][2] == "442" and rows["many"][2] == "4006"
     for state, r in rows.items():
-        # durable save and cold restore: nbckpt, Orbax, raw limit, nbckpt/raw
-        for nb, ob, limit, vs_raw in (r[5:9], r[9:13]):
+        # durable save and cold restore: nbckpt, Orbax, raw limit, nbckpt/raw (one
+        # repetition: no spread), nbckpt/Orbax
+        for nb, ob, limit, vs_raw, vs_orbax in (r[6:11], r[11:16]):
             assert re.fullmatch(SECONDS, nb), (state, r)
             assert ob == "n/a s" if not has_orbax else re.fullmatch(SECONDS, ob), (state, r)
             assert re.fullmatch(SECONDS + r" = \d+\.\d\d GB/s", limit), (state, r)
             assert re.fullmatch(RATIO, vs_raw), (state, r)
-        assert re.fullmatch(RATIO, r[13]), (state, r)
-    assert rows["fsdp"][13] == "1.00x"
+            assert vs_orbax == "n/a" if not has_orbax else re.fullmatch(RATIO, vs_orbax)
+        assert re.fullmatch(RATIO, r[16]), (state, r)
+    assert rows["fsdp"][16] == "1.00x"
     target = rf"\| replicated restore / sharded restore \| {RATIO} \| <= 1\.3x \| (yes|NO) \|"
     assert re.search(target, report)
     assert "replicated restore / sharded restore" in lines[-1]

@@ -172,11 +172,13 @@ def test_async_checkpointer_public_methods_are_pinned(tmp_path):
         "save": "(self, step: 'int', tree: 'Any', *, force: 'bool' = False, "
         "key: 'str | None' = None, mode: 'Mode | None' = None, "
         "timeout_s: 'float | None' = None, metrics: 'Mapping[str, Any] | None' = None, "
-        "format: 'str | None' = None, persistent: 'bool | None' = None) -> 'None'",
+        "format: 'str | None' = None, persistent: 'bool | None' = None, "
+        "pack_bytes: 'int | None' = None) -> 'None'",
         "save_from": "(self, get_tree: 'Callable[[], Any]', step: 'int', *, force: 'bool' = False, "
         "key: 'str | None' = None, mode: 'Mode | None' = None, "
         "timeout_s: 'float | None' = None, metrics: 'Mapping[str, Any] | None' = None, "
-        "format: 'str | None' = None, persistent: 'bool | None' = None) -> 'None'",
+        "format: 'str | None' = None, persistent: 'bool | None' = None, "
+        "pack_bytes: 'int | None' = None) -> 'None'",
         "set_retention": "(self, policy: 'RetentionPolicy') -> 'None'",
         "set_tiers": "(self, *, local_dir: 'str | os.PathLike[str] | None' = None, "
         "local_replicas: 'int' = 1, persistent_every: 'int' = 1, local_keep: 'int' = 2) -> 'None'",
