@@ -78,11 +78,15 @@ def tree_transformer(
         tree["final_norm"] = {"scale": array((d,)), "bias": array((d,))}
         return tree
 
+    return adam_like(params_like, random((), np.int32, repl, next(seeds)))
+
+
+def adam_like(params_like: Callable[[], dict[str, Any]], count: Any) -> dict[str, Any]:
+    """A training state: parameters, and Adam's ``mu`` and ``nu`` of the same shapes.
+
+    ``params_like()`` makes one tree of parameters (new values each call).
+    """
     return {
         "params": params_like(),
-        "opt_state": {
-            "mu": params_like(),
-            "nu": params_like(),
-            "count": random((), np.int32, repl, next(seeds)),
-        },
+        "opt_state": {"mu": params_like(), "nu": params_like(), "count": count},
     }

@@ -152,17 +152,13 @@ def _tree_small(nbytes: int) -> dict[str, Any]:
             }
         return tree
 
-    return {
-        "params": params_like(),
-        "opt_state": {
-            "mu": params_like(),
-            "nu": params_like(),
-            "count": _random((), np.int32, repl, next(seeds)),
-            "learning_rate": 3e-4,
-        },
-        "loss_scale": _random((), np.float32, repl, next(seeds)),
-        "step": 12_345,
-    }
+    from _states import adam_like
+
+    state = adam_like(params_like, _random((), np.int32, repl, next(seeds)))
+    state["opt_state"]["learning_rate"] = 3e-4
+    state["loss_scale"] = _random((), np.float32, repl, next(seeds))
+    state["step"] = 12_345
+    return state
 
 
 def build(nbytes: int, leaves: int = LEAVES, layout: str = "fsdp") -> dict[str, int]:
