@@ -1,12 +1,14 @@
-"""Reading packed leaves: a few requests per pack, not several per leaf.
+"""Reading packed leaves: the chunks a process needs, straight from the packs.
 
 A step's small leaves live in one file per process (:mod:`nbckpt.formats.packs`).
-:class:`PackedSource` serves them to a restore like any other array: opening one only
-registers it, and the first time any of them is waited for, every byte range the
-registered leaves need is read at once, neighbours coalesced into one request per
-stretch of a pack. Each leaf is then assembled in memory and handed over as an
-in-memory tensorstore array, so that the restore reads, checks (against the recorded
-checksums) and places it as it does a leaf of its own zarr array.
+:class:`PackedSource` serves them to a restore beside the leaves of their own arrays.
+Opening a packed leaf reads nothing yet; the restore then asks it to fill each region
+it reads (:meth:`PackedSource.fill`), and only the chunks those regions touch are read:
+from a local pack with ``pread``, straight into the restore's buffer; from an object
+store with byte-range requests, all issued at once (:meth:`PackedSource.fetch`) and
+coalesced into requests of at most :data:`SPAN_BYTES`. The restore checks each chunk
+against its recorded checksum and places it as it does any other read; other readers
+(fsck) get the leaf as an in-memory tensorstore array.
 """
 
 from __future__ import annotations
@@ -94,8 +96,9 @@ class PackedSource:
         """
         if name not in self._leaves:
             return self._arrays.open(name)
-        with self._lock:
-            self._waiting.append((name, boxes))
+        if not self._local:  # a local pack is read when filled, nothing to gather
+            with self._lock:
+                self._waiting.append((name, boxes))
         return _Opening(self, name, boxes)
 
     def location(self, name: str, key: str | None = None) -> str:
