@@ -236,7 +236,8 @@ class LeafRead:
     def issue(self, on_done: Callable[[RegionRead], None]) -> int:
         """Issue the reads of every region this process needs; return their number.
 
-        ``on_done(read)`` is called, on a tensorstore thread, as each read completes.
+        ``on_done(read)`` is called, on a tensorstore thread, as each read completes
+        (for a packed leaf, at once on this thread: its reads are done by then).
         """
         if self._opening is None:
             return 0
