@@ -33,6 +33,7 @@ from nbckpt.engine.arrays.tree import path_str
 from nbckpt.engine.arrays.zarr import chunk_key, chunk_regions
 from nbckpt.engine.restore import hostshare
 from nbckpt.engine.restore.hostshare import HostRegion, slab_rows
+from nbckpt.engine.restore.packed import Box  # where a region of a leaf lies
 from nbckpt.engine.restore.sources import ArraySource
 from nbckpt.engine.restore.targets import check_x64, convert, weaken
 from nbckpt.errors import CorruptCheckpointError
@@ -53,8 +54,6 @@ _ALIGNMENT = 64
 #: to a checking thread costs more than its CRC) and put on their devices in one batch.
 SMALL_READ_BYTES = 256 << 10
 
-#: Where a region of a leaf lies: ``(start, stop)`` per dimension.
-Box = tuple[tuple[int, int], ...]
 
 #: tensorstore status codes that mean the stored data is missing or damaged (any other
 #: failure, such as PERMISSION_DENIED, is raised as it is).
