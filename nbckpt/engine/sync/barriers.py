@@ -28,8 +28,13 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, runtime_checkable
 
+from nbckpt.engine.sync.clients import (
+    CoordinationServiceClient,
+    InProcessClient,
+    SignalingClient,
+    default_client,
+)
 from nbckpt.errors import BarrierTimeoutError, NbckptError, PeerDeadError, PeerFailedError
 from nbckpt.protocol import FAILED_KEY, KEY_PREFIX, barrier_key
 
@@ -40,201 +45,22 @@ __all__ = [
     "Synchronizer",
     "default_client",
     "next_sequence",
+    "wait_slice",
 ]
 
 _POISON = 1 << 20  # the service parses counts as 32-bit ints
 
 
-@runtime_checkable
-class SignalingClient(Protocol):
-    """The few key-value operations nbckpt needs from a coordination service."""
+def wait_slice(process_count: int) -> float:
+    """How long one slice of a wait lasts in a job of ``process_count`` processes.
 
-    @property
-    def process_index(self) -> int:
-        """This process's index, 0-based."""
-        ...
-
-    @property
-    def process_count(self) -> int:
-        """How many processes take part."""
-        ...
-
-    def key_value_set(self, key: str, value: str) -> None:
-        """Set ``key`` to ``value``, overwriting any earlier value."""
-        ...
-
-    def blocking_key_value_get(self, key: str, timeout_s: float) -> str | None:
-        """Return the value of ``key`` once set, or None if ``timeout_s`` passes first."""
-        ...
-
-    def key_value_dir_get(self, prefix: str) -> dict[str, str]:
-        """Return every key under ``prefix/`` with its value."""
-        ...
-
-    def key_value_increment(self, key: str, by: int) -> int:
-        """Atomically add ``by`` to the integer at ``key`` and return the new value."""
-        ...
-
-    def key_value_delete(self, key: str) -> None:
-        """Delete ``key`` and every key under ``key/``."""
-        ...
-
-
-class CoordinationServiceClient:
-    """A :class:`SignalingClient` over the client that ``jax.distributed`` started.
-
-    Parameters
-    ----------
-    client
-        ``jax._src.distributed.global_state.client``, or None to take it from there.
-    process_index, process_count
-        This process's index and the number of processes; from jax if omitted.
+    Between slices a waiter asks the service whether a peer failed; a thousand
+    waiters asking five times a second kept the service (simulated on two cores) from
+    answering the barrier itself. So the slice grows with the job, keeping the checks
+    of all waiters together at about a thousand a second: 0.2 s up to 200 processes,
+    1 s from 1,000. A failure is noticed a slice after it is recorded at the latest.
     """
-
-    def __init__(
-        self,
-        client: object | None = None,
-        process_index: int | None = None,
-        process_count: int | None = None,
-    ) -> None:
-        import jax
-        from jax._src.distributed import global_state
-
-        self._client: Any = client if client is not None else global_state.client
-        if self._client is None:
-            raise RuntimeError(
-                "jax.distributed is not initialized in this process; call "
-                "jax.distributed.initialize(...) first, or use InProcessClient for a "
-                "single process"
-            )
-        self._index = jax.process_index() if process_index is None else process_index
-        self._count = jax.process_count() if process_count is None else process_count
-
-    @property
-    def process_index(self) -> int:
-        """This process's index, 0-based."""
-        return self._index
-
-    @property
-    def process_count(self) -> int:
-        """How many processes take part."""
-        return self._count
-
-    def key_value_set(self, key: str, value: str) -> None:
-        """Set ``key`` to ``value``, overwriting any earlier value."""
-        self._client.key_value_set(key, value, allow_overwrite=True)
-
-    def blocking_key_value_get(self, key: str, timeout_s: float) -> str | None:
-        """Return the value of ``key`` once set, or None if ``timeout_s`` passes first."""
-        try:
-            value: str = self._client.blocking_key_value_get(key, max(1, int(timeout_s * 1000)))
-        except RuntimeError as e:  # jax raises JaxRuntimeError (a RuntimeError)
-            if "DEADLINE_EXCEEDED" in str(e):
-                return None
-            raise
-        return value
-
-    def key_value_dir_get(self, prefix: str) -> dict[str, str]:
-        """Return every key under ``prefix/`` with its value."""
-        items = self._client.key_value_dir_get(prefix.rstrip("/") + "/")
-        return dict(items)
-
-    def key_value_increment(self, key: str, by: int) -> int:
-        """Atomically add ``by`` to the integer at ``key`` and return the new value."""
-        return int(self._client.key_value_increment(key, by))
-
-    def key_value_delete(self, key: str) -> None:
-        """Delete ``key`` and every key under ``key/``."""
-        self._client.key_value_delete(key)
-
-
-class InProcessClient:
-    """A :class:`SignalingClient` for one process: a dict guarded by a condition.
-
-    It also serves tests that run several "processes" as threads of one interpreter:
-    give each thread its own instance over a shared ``store``.
-
-    Parameters
-    ----------
-    process_index, process_count
-        The identity this client reports.
-    store
-        Another InProcessClient whose store to share, or None for a private one.
-    """
-
-    def __init__(
-        self, process_index: int = 0, process_count: int = 1, store: InProcessClient | None = None
-    ) -> None:
-        self._index = process_index
-        self._count = process_count
-        if store is None:
-            self._data: dict[str, str] = {}
-            self._cond = threading.Condition()
-        else:
-            self._data = store._data
-            self._cond = store._cond
-
-    @property
-    def process_index(self) -> int:
-        """This process's index, 0-based."""
-        return self._index
-
-    @property
-    def process_count(self) -> int:
-        """How many processes take part."""
-        return self._count
-
-    def key_value_set(self, key: str, value: str) -> None:
-        """Set ``key`` to ``value``, overwriting any earlier value."""
-        with self._cond:
-            self._data[key] = value
-            self._cond.notify_all()
-
-    def blocking_key_value_get(self, key: str, timeout_s: float) -> str | None:
-        """Return the value of ``key`` once set, or None if ``timeout_s`` passes first."""
-        with self._cond:
-            self._cond.wait_for(lambda: key in self._data, timeout=timeout_s)
-            return self._data.get(key)
-
-    def key_value_dir_get(self, prefix: str) -> dict[str, str]:
-        """Return every key under ``prefix/`` with its value."""
-        p = prefix.rstrip("/") + "/"
-        with self._cond:
-            return {k: v for k, v in self._data.items() if k.startswith(p)}
-
-    def key_value_increment(self, key: str, by: int) -> int:
-        """Atomically add ``by`` to the integer at ``key`` and return the new value."""
-        with self._cond:
-            value = int(self._data.get(key, "0")) + by
-            self._data[key] = str(value)
-            self._cond.notify_all()
-            return value
-
-    def key_value_delete(self, key: str) -> None:
-        """Delete ``key`` and every key under ``key/``."""
-        p = key.rstrip("/") + "/"
-        with self._cond:
-            for k in [k for k in self._data if k == key or k.startswith(p)]:
-                del self._data[k]
-
-
-_default_lock = threading.Lock()
-_default: SignalingClient | None = None
-
-
-def default_client() -> SignalingClient:
-    """Return this process's key-value client (one per process).
-
-    The coordination service when jax runs several processes, otherwise an
-    in-process client.
-    """
-    import jax
-
-    global _default
-    with _default_lock:
-        if _default is None:
-            _default = CoordinationServiceClient() if jax.process_count() > 1 else InProcessClient()
-        return _default
+    return min(1.0, max(0.2, process_count / 1000))
 
 
 _sequences: dict[tuple[int, ...] | None, itertools.count[int]] = {}
@@ -269,7 +95,7 @@ class Synchronizer:
         The key-value client.
     poll_s
         Length of one wait slice: the longest a waiter goes without checking for a
-        peer's failure.
+        peer's failure; by default :func:`wait_slice` of the job's size.
     health
         Optional callable run between slices; it raises to abort the wait (for
         example when a peer is known dead).
@@ -279,11 +105,11 @@ class Synchronizer:
         self,
         client: SignalingClient,
         *,
-        poll_s: float = 0.2,
+        poll_s: float | None = None,
         health: Callable[[str], None] | None = None,
     ) -> None:
         self.client = client
-        self.poll_s = poll_s
+        self.poll_s = wait_slice(client.process_count) if poll_s is None else poll_s
         self.health = health
 
     @property
@@ -405,6 +231,51 @@ class Synchronizer:
         if got is None:
             raise BarrierTimeoutError(key, [source], timeout_s)
         return got
+
+    def await_value(self, op: str, name: str, *, source: int, timeout_s: float) -> str:
+        """Wait for the value process ``source`` sets at ``nbckpt/<op>/<name>``.
+
+        The wait is sliced like a barrier's, so that a peer's failure or death ends it.
+
+        Raises
+        ------
+        BarrierTimeoutError
+            If ``source`` did not set it within ``timeout_s``.
+        PeerFailedError
+            Another process of ``op`` recorded a failure while this one waited.
+        """
+        key = barrier_key(op, name)
+        deadline = time.monotonic() + timeout_s
+        while (remaining := deadline - time.monotonic()) > 0:
+            got = self.client.blocking_key_value_get(key, min(self.poll_s, remaining))
+            if got is not None:
+                return got
+            self.check_failures(op)
+            if self.health is not None:
+                self.health(f"barrier {name}")
+        raise BarrierTimeoutError(key, [source], timeout_s)
+
+    def gather_at(
+        self, op: str, name: str, value: str, *, source: int, timeout_s: float
+    ) -> dict[int, str] | None:
+        """Send one string per process to ``source``: it gets them all, the others None.
+
+        One read of N values, where :meth:`gather` makes N of them: what a job of a
+        thousand processes can afford for its agreements (the source then publishes a
+        decision, see :meth:`await_value`).
+
+        Raises
+        ------
+        BarrierTimeoutError
+            If some process did not take part within ``timeout_s``.
+        """
+        key = barrier_key(op, name)
+        self.client.key_value_set(f"{key}/value/{self.process_index}", value)
+        self.barrier(op, name, timeout_s=timeout_s)
+        if self.process_index != source:
+            return None
+        values = self.client.key_value_dir_get(f"{key}/value")
+        return {int(k.rsplit("/", 1)[1]): v for k, v in values.items()}
 
     def gather(self, op: str, name: str, value: str, *, timeout_s: float) -> dict[int, str]:
         """Exchange one string per process; every process gets all of them.
