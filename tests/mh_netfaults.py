@@ -29,15 +29,15 @@ def _ckptr(root: str) -> AsyncCheckpointer:
 
 
 def ready(timeout_s: float = 30.0) -> bool:
-    """Wait until this process knows where every process runs (a beat or two after start).
+    """Wait until this process has read ahead where its peers run (a beat or two after start).
 
     A job cut off in its first second would name its processes without their hosts.
     """
     monitor = health.monitor_for(default_client())
     deadline = time.monotonic() + timeout_s
-    while len(monitor._hosts) < jax.process_count() and time.monotonic() < deadline:
+    while not monitor.hosts.ready() and time.monotonic() < deadline:
         time.sleep(0.05)
-    return len(monitor._hosts) == jax.process_count()
+    return monitor.hosts.ready()
 
 
 def hold_at(phase: str, folder: str, timeout_s: float = 60.0) -> None:

@@ -1,17 +1,20 @@
 """Which processes are alive (heartbeats), and which of the silent ones died (dials).
 
 Every process that checkpoints runs one heartbeat thread. Each beat bumps its own
-counter ``nbckpt/health/<process>`` and reads everybody's. A process whose counter has
-not moved for ``dead_after_s`` seconds of *this* process's clock is taken for dead, so
-clocks of different hosts never need to agree. ``jax_enable_recoverability`` must be on
-for survivors to outlive a dead peer; then nbckpt aborts their waits within seconds
-rather than at a barrier's deadline.
+counter ``nbckpt/health/<process>``; process 0 reads them all and reports who is
+silent, and the others read its report (:mod:`nbckpt.engine.sync.beats`: a job of a
+thousand processes cannot have each read every counter). A process silent for
+``dead_after_s`` seconds, by process 0's clock and counted on by this one's, is taken
+for dead, so clocks of different hosts never need to agree. ``jax_enable_recoverability``
+must be on for survivors to outlive a dead peer; then nbckpt aborts their waits within
+seconds rather than at a barrier's deadline.
 
 A stalled process (a long hook, a slow disk) keeps beating: its thread runs on. Only a
 process that is gone stops.
 
 Died or unreachable? Each process of a multi-process job listens on a TCP port of its
-own and publishes it with its host name and address (``nbckpt/hosts/<process>``).
+own and publishes it with its host name and address (``nbckpt/hosts/<process>``; see
+:mod:`nbckpt.engine.sync.hostbook` for which of those each process reads, and when).
 Before blaming a silent peer, this process dials it: a refused connection means that
 its host answers but the process is gone (it *died*); no answer (a timeout, no route)
 means that its host cannot be reached (it *became unreachable*); a connection that
@@ -35,7 +38,6 @@ fail at once rather than wait for it, and stops beating.
 
 from __future__ import annotations
 
-import json
 import socket
 import threading
 import time
@@ -43,17 +45,14 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from nbckpt.engine.sync.barriers import SignalingClient
+from nbckpt.engine.sync.beats import BEAT_KEY, LEFT, beats_for
+from nbckpt.engine.sync.clients import SignalingClient
+from nbckpt.engine.sync.hostbook import HostBook
 from nbckpt.errors import PeerDeadError
 from nbckpt.netaddr import route_address
-from nbckpt.protocol import KEY_PREFIX
 
 __all__ = ["DIAL_TIMEOUT_S", "HUNG_AFTER_S", "HealthMonitor", "dial", "monitor_for", "own_address"]
 
-_KEY = f"{KEY_PREFIX}/health"
-_HOSTS = f"{KEY_PREFIX}/hosts"
-#: The heartbeat value of a process that lost the service and left the job.
-_LEFT = "left"
 #: Long enough for a round trip on any network a job runs on; a refusal comes at once.
 DIAL_TIMEOUT_S = 1.0
 #: How long a silent process that still accepts connections (or the service of a
@@ -125,9 +124,8 @@ class HealthMonitor:
         self.interval_s = interval_s
         self.dead_after_s = dead_after_s
         self._beats = 0
-        self._seen: dict[int, tuple[str, float]] = {}  # process -> (last value, when it moved)
-        self._hosts: dict[int, tuple[str, str, int]] = {}  # process -> (name, address, port)
-        self._started = time.monotonic()
+        self._peers = beats_for(client.process_index, client.process_count, interval_s)
+        self.hosts = HostBook(client.process_index, client.process_count)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._error: str | None = None
@@ -135,7 +133,6 @@ class HealthMonitor:
         self._failing_since: float | None = None  # beats have failed since
         self._loss: _Loss | None = None
         self._left = False
-        self._published = False
         self._listener: socket.socket | None = None
         if client.process_count > 1:
             self._listen(address or own_address())
@@ -148,14 +145,12 @@ class HealthMonitor:
     def _listen(self, address: str) -> None:
         family = socket.AF_INET6 if ":" in address else socket.AF_INET
         try:
-            listener = socket.create_server((address, 0), family=family, backlog=64)
+            listener = socket.create_server((address, 0), family=family, backlog=1024)
         except OSError:
             return  # no dial then: a silent peer reads as dead, as before
         listener.setblocking(False)
         self._listener = listener
-        me = self.client.process_index
-        with self._lock:
-            self._hosts[me] = (socket.gethostname(), address, int(listener.getsockname()[1]))
+        self.hosts.set_own(socket.gethostname(), address, int(listener.getsockname()[1]))
 
     def _answer_dials(self) -> None:
         """Accept and close what dialed this process (the kernel already answered)."""
@@ -173,21 +168,15 @@ class HealthMonitor:
         me = self.client.process_index
         started = time.monotonic()
         self._waiting_since = started
-        hosts: dict[str, str] = {}
         try:
             if self._loss is not None:
                 # Back in touch after a loss: say so once, then stay silent.
-                self.client.key_value_set(f"{_KEY}/{me}", _LEFT)
+                self.client.key_value_set(f"{BEAT_KEY}/{me}", LEFT)
                 self._left = True
                 return
-            mine = self._hosts.get(me)
-            if not self._published and mine is not None:
-                self.client.key_value_set(f"{_HOSTS}/{me}", json.dumps(mine))
-                self._published = True
-            self.client.key_value_set(f"{_KEY}/{me}", str(self._beats))
-            values = self.client.key_value_dir_get(_KEY)
-            if mine is not None and len(self._hosts) < self.client.process_count:
-                hosts = self.client.key_value_dir_get(_HOSTS)
+            self.hosts.beat(self.client)
+            self.client.key_value_set(f"{BEAT_KEY}/{me}", str(self._beats))
+            self._peers.read(self.client, self._beats)
         except Exception as e:  # the service itself may be gone: keep the last view
             self._error = f"{type(e).__name__}: {e}"
             if self._failing_since is None:
@@ -202,18 +191,6 @@ class HealthMonitor:
             # Noticed only now that it answers again: too late to dial anyone, and long
             # enough that the others have taken this process for gone.
             self._lose(_Loss(down, {0: "unreachable"}))
-        with self._lock:
-            for key, value in values.items():
-                p = int(key.rsplit("/", 1)[1])
-                old = self._seen.get(p)
-                if old is None or old[0] != value:
-                    self._seen[p] = (value, now)
-            for key, value in hosts.items():
-                try:
-                    name, address, port = json.loads(value)
-                    self._hosts[int(key.rsplit("/", 1)[1])] = (str(name), str(address), int(port))
-                except (ValueError, TypeError):
-                    continue  # not nbckpt's record: that process is named without its host
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s) and not self._left:
@@ -229,36 +206,21 @@ class HealthMonitor:
 
     def view(self) -> dict[int, str]:
         """Return ``{process: "alive" | "dead"}`` for every process of the job."""
-        now = time.monotonic()
-        out = {}
-        with self._lock:
-            for p in range(self.client.process_count):
-                seen = self._seen.get(p)
-                last = seen[1] if seen is not None else self._started
-                gone = seen is not None and seen[0] == _LEFT
-                out[p] = "dead" if gone or now - last > self.dead_after_s else "alive"
-        return out
+        dead = set(self._peers.silent(self.dead_after_s))
+        return {p: "dead" if p in dead else "alive" for p in range(self.client.process_count)}
 
     def silent_for(self, process: int) -> float:
-        """Seconds since ``process``'s counter last moved, by this process's clock."""
-        with self._lock:
-            seen = self._seen.get(process)
-        return time.monotonic() - (seen[1] if seen is not None else self._started)
+        """Seconds ``process`` has been silent (see :mod:`nbckpt.engine.sync.beats`)."""
+        return self._peers.silent_for(process)
 
     def service_silent_for(self) -> float:
         """Seconds the coordination service has kept this process's beats waiting or failing."""
         since = [t for t in (self._waiting_since, self._failing_since) if t is not None]
         return time.monotonic() - min(since) if since else 0.0
 
-    def _names(self) -> dict[int, str]:
-        """Where each process runs, as ``"h2 at 10.0.0.3"``, where known."""
-        with self._lock:
-            return {p: f"{name} at {address}" for p, (name, address, _) in self._hosts.items()}
-
     def _dial(self, processes: Sequence[int]) -> dict[int, str]:
         """Dial each of ``processes`` whose port is known, all at once."""
-        with self._lock:
-            known = {p: self._hosts[p][1:] for p in processes if p in self._hosts}
+        known = self.hosts.where(list(processes))
         if not known:
             return {}
         with ThreadPoolExecutor(max_workers=min(32, len(known))) as pool:
@@ -266,12 +228,11 @@ class HealthMonitor:
             return dict(zip(known, found, strict=True))
 
     def _cut_off(self, dials: dict[int, str]) -> str | None:
-        """This process, described, if no other host answered it (two at least)."""
+        """This process, described, if no other host it dialed answered (two at least)."""
         me = self.client.process_index
-        others = [p for p in range(self.client.process_count) if p != me]
-        if len(others) < 2 or any(dials.get(p) != "silent" for p in others):
+        if len(dials) < 2 or any(d != "silent" for p, d in dials.items() if p != me):
             return None
-        where = self._names().get(me)
+        where = self.hosts.names().get(me)
         return f"process {me}" + (f" on host {where}" if where else "")
 
     def _lose(self, loss: _Loss) -> None:
@@ -304,7 +265,7 @@ class HealthMonitor:
             [0],
             phase,
             loss.silent_s,
-            hosts=self._names(),
+            hosts=self.hosts.names(),
             unreachable=loss.unreachable,
             service=True,
             cut_off=loss.cut_off,
@@ -317,21 +278,23 @@ class HealthMonitor:
         its peers only look dead.
         """
         self.check_service(phase)
-        view = self.view()
-        wanted = range(self.client.process_count) if processes is None else processes
+        wanted = None if processes is None else set(processes)
         me = self.client.process_index
-        dead = [p for p in wanted if view.get(p) == "dead" and p != me]
+        # Only the silent ones are looked at: a check costs nothing per healthy process.
+        silent = [
+            p
+            for p in self._peers.silent(2 * self.interval_s)
+            if p != me and (wanted is None or p in wanted)
+        ]
+        dead = [p for p in silent if self._peers.left(p) or self.silent_for(p) > self.dead_after_s]
         if not dead:
             return
         # Peers that went silent at about the same time (a cut that took several
         # hosts) are dialed too, and named when their host does not answer either.
-        near = [
-            p
-            for p in wanted
-            if p != me and p not in dead and self.silent_for(p) > 2 * self.interval_s
-        ]
-        with self._lock:
-            left = [p for p in dead if self._seen.get(p, ("", 0.0))[0] == _LEFT]
+        near = [p for p in silent if p not in dead]
+        left = [p for p in dead if self._peers.left(p)]
+        # The service still answers (checked above): look up whom to dial and name.
+        self.hosts.learn(self.client, dead + near)
         dials = self._dial([p for p in dead + near if p not in left])
         slow = [p for p in dead if dials.get(p) == "open" and self.silent_for(p) <= HUNG_AFTER_S]
         dead = sorted([p for p in dead if p not in slow])
@@ -343,12 +306,12 @@ class HealthMonitor:
             for p, d in dials.items()
             if p in dead and d != "refused"
         }
-        unreachable.update({p: _LEFT for p in left})
+        unreachable.update({p: LEFT for p in left})
         raise PeerDeadError(
             dead,
             phase,
             max(self.silent_for(p) for p in dead),
-            hosts=self._names(),
+            hosts=self.hosts.names(),
             unreachable=unreachable,
             cut_off=self._cut_off(dials),
         )
