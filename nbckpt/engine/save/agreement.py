@@ -5,10 +5,18 @@ mode, force, primary, deadline, metrics, retention) and the structure of its tre
 leaf's name, dtype, shape and kind, never its values). A process that saved another
 format, mode or tree would otherwise see its shards dropped or its directory "vanish"
 under it; with the plans compared before anyone writes, every process fails alike.
+
+A plan names every leaf, so a job of a thousand processes and thousands of leaves cannot
+send every plan to every process, nor even to one: each process posts a digest of its
+plan, and the primary reads them all and publishes its *decision*
+(:func:`decision_of`). Only when the digests differ does one process of each group post
+its whole plan, to say what differs.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -17,7 +25,7 @@ import numpy as np
 from nbckpt.engine.arrays.tree import Leaf
 from nbckpt.errors import who
 
-__all__ = ["describe_leaves", "disagreement", "save_plan"]
+__all__ = ["decision_of", "describe_leaves", "disagreement", "plan_digest", "save_plan"]
 
 #: How many differing leaves one message names.
 _SHOWN = 3
@@ -79,3 +87,41 @@ def disagreement(plans: Mapping[int, Mapping[str, Any]]) -> str | None:
 def save_plan(leaves: Sequence[Leaf], **options: Any) -> dict[str, Any]:
     """The plan a process posts for a save: ``options`` (JSON-able) and its leaves."""
     return {**options, "leaves": describe_leaves(leaves)}
+
+
+def plan_digest(plan: Mapping[str, Any]) -> str:
+    """A short digest of ``plan``: equal plans, equal digests, on every process."""
+    text = json.dumps(plan, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def decision_of(answers: Mapping[int, Mapping[str, Any]], primary: int) -> dict[str, Any]:
+    """What the primary publishes once it has read every process's preflight answer.
+
+    ``answers`` are the processes' answers (``problem``, ``host``, and ``plan`` as a
+    digest, ``tier``; the primary's also ``op`` and ``step``). The decision carries the
+    operation id and step, where each process runs (each host named once), the local
+    tiers' posts, the processes grouped by plan digest (empty unless every process
+    posted one), and the first problem found, in process order, as ``[process,
+    problem]``.
+    """
+    order = sorted(answers)
+    names = sorted({str(a["host"]) for a in answers.values() if a.get("host")})
+    index = {name: i for i, name in enumerate(names)}
+    groups: dict[str, list[int]] = {}
+    for p in order:
+        if answers[p].get("plan"):
+            groups.setdefault(str(answers[p]["plan"]), []).append(p)
+    problem = next(([p, answers[p]["problem"]] for p in order if answers[p].get("problem")), None)
+    return {
+        "op": answers[primary]["op"],
+        "step": answers[primary].get("step"),
+        "processes": order,
+        "hosts": names,
+        "host_of": [index.get(str(answers[p].get("host")), -1) for p in order],
+        "tiers": {
+            str(p): answers[p]["tier"] for p in order if isinstance(answers[p].get("tier"), dict)
+        },
+        "plans": groups if sum(map(len, groups.values())) == len(order) else {},
+        "problem": problem,
+    }

@@ -1,9 +1,10 @@
 """The preflight: every process checks, before anyone writes, that an operation can go.
 
-Each process posts what it found wrong (or nothing) in one gather over the key-value
-store; the primary also posts the operation id. Every process then raises the same
-error, so a bad root, an existing or foreign step, or a tree one process cannot save
-never leaves a half-started save, nor peers waiting out their deadline.
+Each process posts what it found wrong (or nothing) to the primary over the key-value
+store; the primary reads them all, with its operation id, and publishes one decision.
+Every process then raises the same error, so a bad root, an existing or foreign step,
+or a tree one process cannot save never leaves a half-started save, nor peers waiting
+out their deadline.
 
 A save's preflight also settles three things before anything is written: every
 process posts its plan (options and tree structure) and a mismatch fails them all
@@ -22,7 +23,7 @@ from typing import Any
 
 from nbckpt.engine.save import ownership
 from nbckpt.engine.save.advice import reason
-from nbckpt.engine.save.agreement import disagreement
+from nbckpt.engine.save.agreement import decision_of, disagreement, plan_digest
 from nbckpt.engine.save.commit import CommitStrategy
 from nbckpt.engine.save.prune import records
 from nbckpt.engine.sync.barriers import Synchronizer, next_sequence
@@ -39,7 +40,7 @@ from nbckpt.errors import (
     StorageError,
 )
 from nbckpt.formats.layout import all_steps, is_complete, latest_step, step_dir
-from nbckpt.protocol import Kind, Status, new_op_id, parse_op_id
+from nbckpt.protocol import Kind, Status, barrier_key, new_op_id, parse_op_id
 from nbckpt.storage import Location
 
 __all__ = ["Preflight"]
@@ -202,7 +203,7 @@ class Preflight:
         # host (a restore plans its reads of replicated leaves by it).
         mine: dict[str, Any] = {"problem": problem, "host": socket.gethostname()}
         if plan is not None and local is None:
-            mine["plan"] = plan
+            mine["plan"] = plan_digest(plan)
         if extra is not None:
             mine["tier"] = extra
         if me == self.primary:
@@ -212,7 +213,7 @@ class Preflight:
             mine["op"] = op
             mine["step"] = step
         try:
-            answers = self.sync.gather(seq, "preflight", json.dumps(mine), timeout_s=timeout_s)
+            decision = self._decide(seq, mine, timeout_s)
         except BaseException:
             self.release(op)
             raise
@@ -222,26 +223,55 @@ class Preflight:
                 self.sync.cleanup(stale)
             self._stale_keys.clear()
         self._stale_keys.append(seq)
-        parsed = {p: json.loads(v) for p, v in sorted(answers.items())}
-        self.hosts = {p: str(a["host"]) for p, a in parsed.items() if a.get("host")}
-        self.extras = {p: a["tier"] for p, a in parsed.items() if isinstance(a.get("tier"), dict)}
+        names = decision["hosts"]
+        self.hosts = {
+            p: names[i]
+            for p, i in zip(decision["processes"], decision["host_of"], strict=True)
+            if i >= 0
+        }
+        self.extras = {int(p): tier for p, tier in decision["tiers"].items()}
         try:
             if local is not None:
                 raise local
-            plans = {p: a["plan"] for p, a in parsed.items() if isinstance(a.get("plan"), dict)}
-            differs = disagreement(plans) if len(plans) == len(parsed) else None
-            if differs:
-                raise DisagreementError(differs)
-            for p, answer in parsed.items():
-                if answer.get("problem"):
-                    _raise_problem(self.root, p, answer["problem"])
+            if len(decision["plans"]) > 1:
+                raise DisagreementError(self._disagreement(seq, decision["plans"], plan, timeout_s))
+            if decision["problem"]:
+                _raise_problem(self.root, *decision["problem"])
         except BaseException:
             # Nothing was written but the claim: give the step back.
             self.release(op)
             raise
-        op = str(parsed[self.primary]["op"])
+        op = str(decision["op"])
         self._stale_keys.append(op)
-        return op, parsed[self.primary].get("step")
+        return op, decision["step"]
+
+    def _decide(self, seq: str, mine: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        """Every process's answer goes to the primary; its decision comes back to all."""
+        answers = self.sync.gather_at(
+            seq, "preflight", json.dumps(mine), source=self.primary, timeout_s=timeout_s
+        )
+        if answers is None:
+            got = self.sync.await_value(seq, "decision", source=self.primary, timeout_s=timeout_s)
+            decision: dict[str, Any] = json.loads(got)
+            return decision
+        decision = decision_of({p: json.loads(v) for p, v in answers.items()}, self.primary)
+        self.sync.client.key_value_set(barrier_key(seq, "decision"), json.dumps(decision))
+        return decision
+
+    def _disagreement(
+        self, seq: str, groups: dict[str, list[int]], plan: dict[str, Any] | None, timeout_s: float
+    ) -> str:
+        """Say what the plans differ in: the first process of each group posts its plan."""
+        firsts = {min(ps): ps for ps in groups.values()}
+        me = self.sync.process_index
+        if me in firsts and plan is not None:
+            self.sync.client.key_value_set(barrier_key(seq, f"plan/{me}"), json.dumps(plan))
+        plans: dict[int, Any] = {}
+        for first, ps in firsts.items():
+            got = self.sync.await_value(seq, f"plan/{first}", source=first, timeout_s=timeout_s)
+            full = json.loads(got)
+            plans.update({p: full for p in ps})
+        return disagreement(plans) or "their plans differ"
 
     def renamed(self, op: str, step: int) -> str:
         """``op`` named for ``step`` instead, alike on every process (its keys dropped later).
