@@ -75,6 +75,7 @@ def test_failure_notes_and_barrier_waits_of_a_failed_save(tmp_path: Path) -> Non
     assert wait == {
         "state": BarrierState.FAILED,
         "processes": [1],
+        "count": 1,
         "label": "gave up on 1",
         "short": "on 1",
     }

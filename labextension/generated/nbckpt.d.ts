@@ -189,8 +189,10 @@ export interface IOperationRecord {
 /** One process at one barrier wait of a timeline: whom it waited for. */
 export interface IBarrierWait {
   state: BarrierState;
-  /** Those that entered the barrier after it (or, while it waits, not yet). */
+  /** Those that entered the barrier after it (or, while it waits, not yet): the last eight to arrive at most, by index. */
   processes: number[];
+  /** How many there are in all (`processes` names a few of them at scale). */
+  count: number;
   /** `waited for 1, 2` / `waiting for 1` / `gave up on 1`; `""` for nobody. */
   label: string;
   /** The same without its verb (`for 1, 2`), for a narrow span. */

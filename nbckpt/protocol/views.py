@@ -98,8 +98,11 @@ class BarrierWait(TypedDict):
     """One process at one barrier wait of a timeline: whom it waited for."""
 
     state: BarrierState
-    #: Those that entered the barrier after it (or, while it waits, not yet).
+    #: Those that entered the barrier after it (or, while it waits, not yet): the last
+    #: eight to arrive at most, by index.
     processes: list[int]
+    #: How many there are in all (``processes`` names a few of them at scale).
+    count: int
     #: ``waited for 1, 2`` / ``waiting for 1`` / ``gave up on 1``; ``""`` for nobody.
     label: str
     #: The same without its verb (``for 1, 2``), for a narrow span.

@@ -10,6 +10,7 @@ missing, finalize, commit, error). The widget, the terminal progress and
 
 from __future__ import annotations
 
+import bisect
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -29,6 +30,7 @@ from nbckpt.protocol import (
 from nbckpt.protocol.views import PreemptionNotice
 from nbckpt.session import reads
 from nbckpt.storage import Location
+from nbckpt.views.naming import NAMED, listing
 from nbckpt.views.phases import phase_after
 from nbckpt.views.timeline import LOCAL_READ, everyone_of, local_read_note
 
@@ -55,9 +57,13 @@ class BarrierView:
     arrived, released
         Wall times this process entered and left it; ``released`` is None while it waits.
     waiting_for
-        While it waits: the processes that have not arrived yet.
+        While it waits: the processes that have not arrived yet (the first
+        :data:`~nbckpt.views.naming.NAMED` of them).
     waited_for
-        The processes that arrived after this one (whom it waited for).
+        The processes that arrived after this one (whom it waited for): the last
+        :data:`~nbckpt.views.naming.NAMED` to arrive.
+    waiting_count, waited_count
+        How many there are in all.
     """
 
     name: str
@@ -65,6 +71,8 @@ class BarrierView:
     released: float | None
     waiting_for: list[int] = field(default_factory=list)
     waited_for: list[int] = field(default_factory=list)
+    waiting_count: int = 0
+    waited_count: int = 0
 
 
 @dataclass
@@ -175,14 +183,43 @@ def _ms(t: float, t0: float | None) -> str:
 
 
 def _who(processes: list[int]) -> str:
-    return ("process " if len(processes) == 1 else "processes ") + ", ".join(map(str, processes))
+    """``process 1``, ``processes 0, 1``, ``processes 0, 1, ... and 1,013 more``."""
+    named = "process " if len(processes) == 1 else "processes "
+    return named + listing(processes[:NAMED], len(processes))
+
+
+class _Arrivals:
+    """Who entered each barrier, and when: sorted once, then looked up per process.
+
+    One pass over every process per process was what made a view of a thousand
+    processes take seconds.
+    """
+
+    def __init__(self, entered: dict[str, dict[int, float]], everyone: list[int]) -> None:
+        self._order = {n: sorted((t, p) for p, t in ps.items()) for n, ps in entered.items()}
+        self._times = {n: [t for t, _ in order] for n, order in self._order.items()}
+        self._entered = entered
+        self._everyone = everyone
+        self._missing: dict[str, list[int]] = {}
+
+    def missing(self, name: str) -> list[int]:
+        """The processes that have not entered barrier ``name``."""
+        if name not in self._missing:
+            arrived = self._entered.get(name, {})
+            self._missing[name] = [p for p in self._everyone if p not in arrived]
+        return self._missing[name]
+
+    def after(self, name: str, t: float) -> tuple[list[int], int]:
+        """The last to enter ``name`` after ``t`` (named ones, by index), and how many."""
+        order = self._order.get(name, [])
+        later = order[bisect.bisect_right(self._times.get(name, []), t) :]
+        return sorted(p for _, p in later[-NAMED:]), len(later)
 
 
 def _process_view(
     rec: ProcessRecord,
     kind: str,
-    entered: dict[str, dict[int, float]],
-    everyone: list[int],
+    arrivals: _Arrivals,
     primary: int | None,
 ) -> ProcessView:
     view = ProcessView(process=rec.process, phase=Status.NOT_STARTED, status=rec.status)
@@ -193,11 +230,12 @@ def _process_view(
     exits = {str(e.get("name")): float(e["t"]) for e in _events_at(rec, Event.BARRIER_EXIT)}
     for ev in _events_at(rec, Event.BARRIER_ENTER):
         name, t = str(ev.get("name")), float(ev["t"])
-        arrivals = entered.get(name, {})
         released = exits.get(name)
-        waiting = [] if released is not None else [p for p in everyone if p not in arrivals]
-        later = sorted(p for p, tp in arrivals.items() if tp > t and p != rec.process)
-        view.barriers.append(BarrierView(name, t, released, waiting, later))
+        waiting = [] if released is not None else arrivals.missing(name)
+        later, n_later = arrivals.after(name, t)
+        view.barriers.append(
+            BarrierView(name, t, released, waiting[:NAMED], later, len(waiting), n_later)
+        )
     for span in rec.phases:
         if span.name == Phase.FINALIZE:
             view.finalize = (span.start, span.end)
@@ -268,6 +306,7 @@ def view_state(record: OperationRecord) -> OperationView:
         for ev in _events_at(rec, Event.REQUESTED):
             if isinstance(ev.get("primary"), int):
                 primary = int(ev["primary"])
+    arrivals = _Arrivals(entered, everyone)
     views = []
     for p in everyone:
         found = record.processes.get(p)
@@ -278,7 +317,7 @@ def view_state(record: OperationRecord) -> OperationView:
                 view.dead_reported_by = _reporters_of(record, p)
             views.append(view)
         else:
-            views.append(_process_view(found, record.kind, entered, everyone, primary))
+            views.append(_process_view(found, record.kind, arrivals, primary))
     _end_with_the_service(record, views)
     writers = [v.process for v in views if v.bytes_total > 0]
     for v in views:

@@ -14,6 +14,7 @@ from typing import Any
 from nbckpt.journal import OperationRecord, PhaseSpan, ProcessRecord
 from nbckpt.protocol import BARRIER_PREFIX, BarrierState, Phase, Status
 from nbckpt.protocol.views import BarrierWait, PreemptionNotice, ProcessDrawing, TimelineView
+from nbckpt.views.naming import NAMED, listing
 
 __all__ = [
     "NOT_FAILED",
@@ -137,19 +138,33 @@ def _failed_at(proc: ProcessRecord) -> float | None:
     return max(ends) if ends else _latest(proc.phases)
 
 
+def barrier_entries(record: OperationRecord, name: str) -> dict[int, float]:
+    """When each process entered the barrier wait ``name`` (a phase name)."""
+    arrived: dict[int, float] = {}
+    for other in record.processes.values():
+        same = next((s for s in other.phases if s.name == name), None)
+        if same is not None:
+            arrived[other.process] = same.start
+    return arrived
+
+
 def barrier_wait(
-    record: OperationRecord, process: int, span: PhaseSpan, everyone: list[int]
+    record: OperationRecord,
+    process: int,
+    span: PhaseSpan,
+    everyone: list[int],
+    arrived: dict[int, float] | None = None,
 ) -> BarrierWait:
     """Whom ``process`` waited for at the barrier wait ``span``.
 
     Those that entered the same barrier after it; while it waits (or where it gave
     up), those that have not entered it yet, or entered after it stopped waiting.
+    ``processes`` names at most :data:`~nbckpt.views.naming.NAMED` of them (the last
+    to arrive, then those never seen), and ``count`` counts them all. ``arrived``:
+    :func:`barrier_entries` of the span's barrier, if the caller has it already.
     """
-    arrived: dict[int, float] = {}
-    for other in record.processes.values():
-        same = next((s for s in other.phases if s.name == span.name), None)
-        if same is not None:
-            arrived[other.process] = same.start
+    if arrived is None:
+        arrived = barrier_entries(record, span.name)
     state = _SPAN_STATES.get(span.status, BarrierState.FAILED)
     until = span.end if span.end is not None else float("inf")
     late = []
@@ -163,10 +178,14 @@ def barrier_wait(
         elif t is None or t > until:
             late.append(p)
     verb, on = _WAIT_WORDS[state]
-    who = ", ".join(map(str, late))
+    # The last to arrive held it up longest; those never seen come after them.
+    late.sort(key=lambda p: arrived.get(p, float("inf")))
+    named = sorted(late[-NAMED:])
+    who = listing(named, len(late))
     return {
         "state": state,
-        "processes": late,
+        "processes": named,
+        "count": len(late),
         "label": f"{verb} {on} {who}" if late else "",
         "short": f"{on} {who}" if late else "",
     }
@@ -190,13 +209,16 @@ def timeline_view(record: OperationRecord) -> TimelineView:
     """
     everyone = everyone_of(record)
     processes: dict[str, ProcessDrawing] = {}
+    entries: dict[str, dict[int, float]] = {}
     for p in everyone:
         proc = record.processes.get(p)
         failure = failure_note(record, p)
         waits: dict[str, BarrierWait] = {}
         for span in proc.phases if proc is not None else []:
             if span.name.startswith(BARRIER_PREFIX) and span.name not in waits:
-                waits[span.name] = barrier_wait(record, p, span, everyone)
+                if span.name not in entries:
+                    entries[span.name] = barrier_entries(record, span.name)
+                waits[span.name] = barrier_wait(record, p, span, everyone, entries[span.name])
         processes[str(p)] = {
             "failure": failure,
             "failed_at": _failed_at(proc) if proc is not None and failure is not None else None,

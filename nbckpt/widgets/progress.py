@@ -20,6 +20,7 @@ from nbckpt.journal import OperationRecord
 from nbckpt.protocol import BarrierState, Kind, Phase, Status, as_json
 from nbckpt.protocol.views import BarrierCell, Row
 from nbckpt.views.monitor import OperationView, ProcessView
+from nbckpt.views.naming import listing
 from nbckpt.views.timeline import timeline_view
 from nbckpt.widgets.text import bytes_done, human_bytes, render_text, what_of
 
@@ -47,8 +48,8 @@ def _ms(t: float | None, t0: float | None) -> str:
     return "?" if t is None or t0 is None else f"+{(t - t0) * 1e3:.0f} ms"
 
 
-def _who(processes: list[int], dead: set[int] | None = None) -> str:
-    return ", ".join(f"{p} (dead)" if p in (dead or set()) else str(p) for p in processes)
+def _who(processes: list[int], dead: set[int] | None = None, total: int | None = None) -> str:
+    return listing(processes, total, {p: "dead" for p in processes if p in (dead or set())})
 
 
 def _barrier_cells(p: ProcessView, t0: float | None, dead: set[int]) -> list[BarrierCell]:
@@ -58,14 +59,15 @@ def _barrier_cells(p: ProcessView, t0: float | None, dead: set[int]) -> list[Bar
             state = BarrierState.RELEASED
             text = f"{b.name} {_ms(b.arrived, t0)} → {_ms(b.released, t0)}"
             if b.waited_for:
-                text += f" (waited for {_who(b.waited_for)})"
+                text += f" (waited for {_who(b.waited_for, total=b.waited_count)})"
         elif p.status == Status.FAILED:
             state, text = BarrierState.FAILED, f"{b.name} {_ms(b.arrived, t0)}, gave up"
         elif p.status == Status.DEAD:
             state, text = BarrierState.FAILED, f"{b.name} {_ms(b.arrived, t0)}, died waiting"
         else:
             state = BarrierState.WAITING
-            text = f"{b.name} {_ms(b.arrived, t0)}, waiting for {_who(b.waiting_for, dead) or '-'}"
+            waiting = _who(b.waiting_for, dead, b.waiting_count) or "-"
+            text = f"{b.name} {_ms(b.arrived, t0)}, waiting for {waiting}"
         cells.append(
             {
                 "name": b.name,
