@@ -189,7 +189,7 @@ export interface IOperationRecord {
 /** One process at one barrier wait of a timeline: whom it waited for. */
 export interface IBarrierWait {
   state: BarrierState;
-  /** Those that entered the barrier after it (or, while it waits, not yet): the last eight to arrive at most, by index. */
+  /** Those that entered the barrier after it (or, while it waits, not yet): eight at most, by index (those never seen first, then the last to arrive). */
   processes: number[];
   /** How many there are in all (`processes` names a few of them at scale). */
   count: number;

@@ -7,9 +7,10 @@ read), and :func:`read_operation` is a single read with it.
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -116,11 +117,31 @@ class OperationRecord:
     #: With a local tier: where the save went, or where the restore read from.
     tier: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        """Return a JSON-able dict (process keys become strings)."""
-        d = asdict(self)
-        d["processes"] = {str(k): v for k, v in d["processes"].items()}
+    def to_dict(self, events: bool = True) -> dict[str, Any]:
+        """Return a JSON-able dict (process keys become strings).
+
+        Without each process's ``events`` if ``events`` is False. Written out rather
+        than ``dataclasses.asdict``, which copied every event deeply: most of the 0.6 s
+        a thousand processes' record took.
+        """
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["dead"] = list(self.dead)
+        d["preemption"] = copy.deepcopy(self.preemption)
+        d["processes"] = {str(k): _process_dict(p, events) for k, p in self.processes.items()}
         return d
+
+
+def _process_dict(proc: ProcessRecord, events: bool) -> dict[str, Any]:
+    d = {f.name: getattr(proc, f.name) for f in fields(proc)}
+    d["phases"] = [
+        {"name": s.name, "start": s.start, "end": s.end, "status": s.status} for s in proc.phases
+    ]
+    d["dead_reported_by"] = list(proc.dead_reported_by)
+    if events:
+        d["events"] = copy.deepcopy(proc.events)
+    else:
+        del d["events"]
+    return d
 
 
 def _process_record(process: int, events: list[dict[str, Any]], kind: str) -> ProcessRecord:

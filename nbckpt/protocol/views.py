@@ -98,8 +98,8 @@ class BarrierWait(TypedDict):
     """One process at one barrier wait of a timeline: whom it waited for."""
 
     state: BarrierState
-    #: Those that entered the barrier after it (or, while it waits, not yet): the last
-    #: eight to arrive at most, by index.
+    #: Those that entered the barrier after it (or, while it waits, not yet): eight at
+    #: most, by index (those never seen first, then the last to arrive).
     processes: list[int]
     #: How many there are in all (``processes`` names a few of them at scale).
     count: int

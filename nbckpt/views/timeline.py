@@ -9,6 +9,7 @@ sentence), where its failure mark goes, and whom each barrier wait waited for.
 
 from __future__ import annotations
 
+import bisect
 from typing import Any
 
 from nbckpt.journal import OperationRecord, PhaseSpan, ProcessRecord
@@ -18,6 +19,7 @@ from nbckpt.views.naming import NAMED, listing
 
 __all__ = [
     "NOT_FAILED",
+    "BarrierEntries",
     "barrier_wait",
     "commit_time",
     "everyone_of",
@@ -138,14 +140,39 @@ def _failed_at(proc: ProcessRecord) -> float | None:
     return max(ends) if ends else _latest(proc.phases)
 
 
-def barrier_entries(record: OperationRecord, name: str) -> dict[int, float]:
-    """When each process entered the barrier wait ``name`` (a phase name)."""
-    arrived: dict[int, float] = {}
-    for other in record.processes.values():
-        same = next((s for s in other.phases if s.name == name), None)
-        if same is not None:
-            arrived[other.process] = same.start
-    return arrived
+class BarrierEntries:
+    """When each process entered one barrier wait (a phase name), sorted once.
+
+    A timeline asks, for every process, whom it waited for; with the entries sorted
+    once, each answer is a lookup and a handful of names, not a pass over the job.
+    """
+
+    def __init__(self, record: OperationRecord, name: str, everyone: list[int]) -> None:
+        arrived: dict[int, float] = {}
+        for other in record.processes.values():
+            same = next((s for s in other.phases if s.name == name), None)
+            if same is not None:
+                arrived[other.process] = same.start
+        self._order = sorted((t, p) for p, t in arrived.items())
+        self._times = [t for t, _ in self._order]
+        #: Processes of the job that never entered it.
+        self.missing = [p for p in everyone if p not in arrived]
+
+    def late(self, after: float, missing: bool) -> tuple[list[int], int]:
+        """Who entered after ``after`` (with ``missing``, also who never did).
+
+        Returns :data:`~nbckpt.views.naming.NAMED` of them at most, by index (the
+        first that never entered, then the last to enter), and how many there are.
+        """
+        i = bisect.bisect_right(self._times, after)
+        count = len(self._order) - i
+        tail = self.missing[:NAMED] if missing else []
+        if missing:
+            count += len(self.missing)
+        if len(tail) < NAMED:
+            start = max(i, len(self._order) - (NAMED - len(tail)))
+            tail = [p for _, p in self._order[start:]] + tail
+        return sorted(tail), count
 
 
 def barrier_wait(
@@ -153,41 +180,31 @@ def barrier_wait(
     process: int,
     span: PhaseSpan,
     everyone: list[int],
-    arrived: dict[int, float] | None = None,
+    entries: BarrierEntries | None = None,
 ) -> BarrierWait:
     """Whom ``process`` waited for at the barrier wait ``span``.
 
     Those that entered the same barrier after it; while it waits (or where it gave
     up), those that have not entered it yet, or entered after it stopped waiting.
-    ``processes`` names at most :data:`~nbckpt.views.naming.NAMED` of them (the last
-    to arrive, then those never seen), and ``count`` counts them all. ``arrived``:
-    :func:`barrier_entries` of the span's barrier, if the caller has it already.
+    ``processes`` names at most :data:`~nbckpt.views.naming.NAMED` of them (those
+    never seen first, then the last to arrive), and ``count`` counts them all. ``entries``:
+    the span's :class:`BarrierEntries`, if the caller has them already.
     """
-    if arrived is None:
-        arrived = barrier_entries(record, span.name)
+    if entries is None:
+        entries = BarrierEntries(record, span.name, everyone)
     state = _SPAN_STATES.get(span.status, BarrierState.FAILED)
-    until = span.end if span.end is not None else float("inf")
-    late = []
-    for p in everyone:
-        t = arrived.get(p)
-        if p == process:
-            continue
-        if state == BarrierState.RELEASED:
-            if t is not None and t > span.start:
-                late.append(p)
-        elif t is None or t > until:
-            late.append(p)
+    if state == BarrierState.RELEASED:
+        named, count = entries.late(span.start, missing=False)
+    else:
+        named, count = entries.late(span.end if span.end is not None else float("inf"), True)
     verb, on = _WAIT_WORDS[state]
-    # The last to arrive held it up longest; those never seen come after them.
-    late.sort(key=lambda p: arrived.get(p, float("inf")))
-    named = sorted(late[-NAMED:])
-    who = listing(named, len(late))
+    who = listing(named, count)
     return {
         "state": state,
         "processes": named,
-        "count": len(late),
-        "label": f"{verb} {on} {who}" if late else "",
-        "short": f"{on} {who}" if late else "",
+        "count": count,
+        "label": f"{verb} {on} {who}" if count else "",
+        "short": f"{on} {who}" if count else "",
     }
 
 
@@ -209,7 +226,7 @@ def timeline_view(record: OperationRecord) -> TimelineView:
     """
     everyone = everyone_of(record)
     processes: dict[str, ProcessDrawing] = {}
-    entries: dict[str, dict[int, float]] = {}
+    entries: dict[str, BarrierEntries] = {}
     for p in everyone:
         proc = record.processes.get(p)
         failure = failure_note(record, p)
@@ -217,7 +234,7 @@ def timeline_view(record: OperationRecord) -> TimelineView:
         for span in proc.phases if proc is not None else []:
             if span.name.startswith(BARRIER_PREFIX) and span.name not in waits:
                 if span.name not in entries:
-                    entries[span.name] = barrier_entries(record, span.name)
+                    entries[span.name] = BarrierEntries(record, span.name, everyone)
                 waits[span.name] = barrier_wait(record, p, span, everyone, entries[span.name])
         processes[str(p)] = {
             "failure": failure,

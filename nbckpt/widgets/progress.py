@@ -175,9 +175,7 @@ def timeline_of(record: OperationRecord) -> dict[str, Any]:
     progress event, plus ``view``: the decisions the drawing shows
     (:func:`nbckpt.views.timeline.timeline_view`), as the server sends them.
     """
-    d = record.to_dict()
-    for proc in d["processes"].values():
-        proc.pop("events", None)
+    d = record.to_dict(events=False)
     d["view"] = timeline_view(record)
     return d
 
