@@ -147,7 +147,8 @@ def test_gpu_quick_runs_on_whatever_jax_finds(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "script", ["compare", "engine_bench", "memory", "orbax_format", "tiers", "widget_overhead"]
+    "script",
+    ["compare", "engine_bench", "memory", "orbax_format", "scale", "tiers", "widget_overhead"],
 )
 def test_a_missing_dir_is_one_line_before_any_work(tmp_path, script):
     missing = tmp_path / "not-made"
