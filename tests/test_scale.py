@@ -30,6 +30,7 @@ from nbckpt.views.monitor import view_state
 from nbckpt.views.naming import NAMED
 from nbckpt.views.timeline import timeline_view
 from nbckpt.widgets.progress import rows_from_view
+from nbckpt.widgets.text import render_text
 
 SCALE = Path(__file__).resolve().parent.parent / "benchmarks" / "scale.py"
 
@@ -218,3 +219,39 @@ def test_a_view_of_many_processes_names_a_few_and_counts_the_rest(tmp_path):
     assert wait["label"] == "waited for 32, 33, 34, 35, 36, 37, 38, 39 and 31 more"
     open_wait = timeline_view(record)["processes"]["0"]["waits"]["barrier:write_complete"]
     assert (open_wait["processes"], open_wait["count"]) == (list(range(30, 38)), 10)
+
+
+def _forty(tmp_path, failing=None):
+    n, t0 = 40, 1_700_000_000.0
+    for p in range(n):
+        j = JournalWriter(tmp_path, "op", p, "save", 1)
+        j.emit("requested", t=t0, process_count=n, primary=0)
+        j.emit("barrier_enter", t=t0 + 0.1 + p * 0.01, name="tmp_ready")
+        j.emit("barrier_exit", t=t0 + 0.6, name="tmp_ready")
+        if p < 30:
+            j.emit("barrier_enter", t=t0 + 1.0 + p * 0.01, name="write_complete")
+        if p == failing:
+            j.emit("failed", t=t0 + 2, error="OSError: disk on fire", phase="write")
+        j.close()
+    return view_state(read_operation(tmp_path, "op"))
+
+
+def test_text_of_many_processes_shows_the_job_and_the_few_that_matter(tmp_path):
+    lines = render_text(_forty(tmp_path)).splitlines()
+    assert lines[1] == (
+        "30 of 40 at barrier:write_complete; waiting for 30, 31, 32, 33, 34, 35, 36, 37 and 2 more"
+    )
+    assert lines[2] == "phases: barrier:write_complete 30, snapshot 10"
+    assert lines[3].startswith("tmp_ready: 40 arrived, 40 released; arrivals over 390 ms")
+    assert lines[4].startswith("write_complete: 30 arrived, 0 released")
+    assert lines[4].endswith("last: 22, 23, 24, 25, 26, 27, 28, 29")
+    meters = [ln.split(":")[0] for ln in lines[5:]]
+    assert meters == [f"process {p}" for p in range(30, 38)]  # the missing, one row each
+
+
+def test_a_failure_among_many_is_said_once_culprit_first(tmp_path):
+    text = render_text(_forty(tmp_path, failing=35))
+    lines = text.splitlines()
+    assert lines[1] == "process 35 failed during write: OSError: disk on fire"
+    assert text.count("disk on fire") == 1
+    assert lines[5].startswith("process 35:")

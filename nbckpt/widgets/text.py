@@ -12,7 +12,9 @@ from tqdm import tqdm
 
 from nbckpt.protocol import Kind, Status
 from nbckpt.session import reads
+from nbckpt.views.aggregate import AGGREGATE_ABOVE, summarize, summary_lines
 from nbckpt.views.monitor import JournalTailer, OperationView, ProcessView, settled
+from nbckpt.views.naming import listing
 from nbckpt.views.timeline import human_bytes, preempted, tiered
 
 __all__ = [
@@ -48,9 +50,8 @@ def _where(p: ProcessView, dead: set[int] | None = None) -> str:
     """
     b = p.barrier
     if b is not None:
-        missing = ", ".join(
-            f"{q} (dead)" if q in (dead or set()) else str(q) for q in b.waiting_for
-        )
+        marks = {q: "dead" for q in b.waiting_for if q in (dead or set())}
+        missing = listing(b.waiting_for, b.waiting_count, marks)
         return f"{p.phase} (waiting for {missing})" if missing else p.phase
     if p.status == Status.FAILED:
         return f"failed during {p.error_phase or '?'}"
@@ -85,6 +86,8 @@ def render_text(view: OperationView, ncols: int = 100) -> str:
     its own to write).
     """
     lines = [f"{what_of(view)} ({view.op}): {view.status}"]
+    if len(view.processes) > AGGREGATE_ABOVE:
+        return "\n".join(lines + _summary_text(view, ncols))
     for p in view.processes:
         end = p.committed or p.last_event
         elapsed = 0.0 if view.start is None or end is None else max(0.0, end - view.start)
@@ -95,6 +98,22 @@ def render_text(view: OperationView, ncols: int = 100) -> str:
         elif p.note:
             lines.append(f"process {p.process}: {p.phase}: {p.note}")
     return "\n".join(lines)
+
+
+def _summary_text(view: OperationView, ncols: int) -> list[str]:
+    """The job as a whole (:mod:`nbckpt.views.aggregate`), the failure said once.
+
+    Then a meter for each process that matters: the dead, the failed, the slowest.
+    """
+    summary = summarize(view)
+    lines = summary_lines(summary)
+    by_index = {p.process: p for p in view.processes}
+    for q in summary.notable:
+        p = by_index[q]
+        end = p.committed or p.last_event
+        elapsed = 0.0 if view.start is None or end is None else max(0.0, end - view.start)
+        lines.append(_meter(view, p, elapsed, ncols))
+    return lines
 
 
 class TextProgress:

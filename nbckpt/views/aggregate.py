@@ -1,0 +1,158 @@
+"""The job as a whole: what a view of many processes shows instead of one row each.
+
+A row per process is what a student reads at 4 processes; at 1,024 nobody reads it.
+Above :data:`AGGREGATE_ABOVE` processes the text views show a :class:`JobSummary`:
+how many processes are in each phase, each barrier's arrivals as a spread (first,
+median, 90th percentile, last) with the slowest and the missing by name, and a
+headline that says where the job stands ("1,020 of 1,024 at barrier:write_complete;
+waiting for 17, 233, 801, 1,002"). A failure is said once, its culprit first.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from dataclasses import dataclass, field
+
+from nbckpt.protocol import Status
+from nbckpt.views.monitor import OperationView, ProcessView
+from nbckpt.views.naming import NAMED, listing
+
+__all__ = ["AGGREGATE_ABOVE", "BarrierSpread", "JobSummary", "summarize", "summary_lines"]
+
+#: Views of more processes than this show the job as a whole.
+AGGREGATE_ABOVE = 16
+
+
+@dataclass(frozen=True)
+class BarrierSpread:
+    """One barrier across the job.
+
+    Attributes
+    ----------
+    name
+        The barrier's name.
+    arrived, released
+        How many processes entered it, and how many left it.
+    first_ms, median_ms, p90_ms, last_ms
+        Arrival times after the first arrival: the spread of the arrivals.
+    slowest
+        The last processes to arrive (at most :data:`~nbckpt.views.naming.NAMED`).
+    missing, missing_count
+        The processes that have not arrived while others wait (named, and how many).
+    """
+
+    name: str
+    arrived: int
+    released: int
+    first_ms: float
+    median_ms: float
+    p90_ms: float
+    last_ms: float
+    slowest: list[int]
+    missing: list[int] = field(default_factory=list)
+    missing_count: int = 0
+
+
+@dataclass(frozen=True)
+class JobSummary:
+    """Where a job of many processes stands: counts, spreads, and the few that matter."""
+
+    process_count: int
+    headline: str
+    phases: list[tuple[str, int]]
+    barriers: list[BarrierSpread]
+    #: The failure, said once, its culprit first; None while nothing failed.
+    failure: str | None
+    #: The processes worth a row of their own: the dead, the failed, the slowest.
+    notable: list[int]
+
+
+def _spread(name: str, views: list[ProcessView], everyone: int) -> BarrierSpread:
+    arrivals = sorted((b.arrived, p.process) for p in views for b in p.barriers if b.name == name)
+    released = sum(1 for p in views for b in p.barriers if b.name == name and b.released)
+    t0 = arrivals[0][0]
+    ms = [(t - t0) * 1e3 for t, _ in arrivals]
+    waiting = [b for p in views for b in p.barriers if b.name == name and b.released is None]
+    missing = waiting[0].waiting_for if waiting else []
+    count = waiting[0].waiting_count if waiting else 0
+    return BarrierSpread(
+        name=name,
+        arrived=len(arrivals),
+        released=released,
+        first_ms=0.0,
+        median_ms=statistics.median(ms),
+        p90_ms=ms[min(len(ms) - 1, int(0.9 * len(ms)))],
+        last_ms=ms[-1],
+        slowest=sorted(p for _, p in arrivals[-NAMED:]) if len(arrivals) < everyone else [],
+        missing=list(missing),
+        missing_count=count,
+    )
+
+
+def _failure(views: list[ProcessView]) -> tuple[str | None, list[int]]:
+    """The failure in one sentence, the culprit first; and who it involves."""
+    dead = [p for p in views if p.status == Status.DEAD]
+    failed = [p for p in views if p.status == Status.FAILED]
+    if dead:
+        named = listing([p.process for p in dead[:NAMED]], len(dead))
+        why = dead[0].note or "no heartbeat"
+        verb = "died" if len(dead) == 1 else "died or became unreachable"
+        culprit = f"process{'es' if len(dead) > 1 else ''} {named} {verb} ({why})"
+    elif failed:
+        first = min(failed, key=lambda p: p.last_event or 0.0)
+        culprit = f"process {first.process} failed during {first.error_phase or '?'}: {first.error}"
+    else:
+        return None, []
+    culprits = [p.process for p in dead] if dead else [first.process]
+    gave_up = [p.process for p in failed if p.process not in culprits]
+    tail = f"; {len(gave_up):,} of {len(views):,} gave up" if gave_up else ""
+    return culprit + tail, culprits + gave_up
+
+
+def summarize(view: OperationView) -> JobSummary:
+    """The job of ``view`` as a whole (see the module's description)."""
+    views = view.processes
+    n = len(views)
+    phases = Counter(p.phase for p in views)
+    order = list(dict.fromkeys(p.phase for p in views))
+    names = list(dict.fromkeys(b.name for p in views for b in p.barriers))
+    barriers = [_spread(name, views, n) for name in names]
+    failure, involved = _failure(views)
+    if failure is not None:
+        headline = failure
+    elif view.status != Status.RUNNING:
+        headline = f"{phases.get(view.status, 0):,} of {n:,} {view.status}"
+    else:
+        top, count = phases.most_common(1)[0]
+        headline = f"{count:,} of {n:,} at {top}"
+        open_ = next((b for b in reversed(barriers) if b.missing_count), None)
+        if open_ is not None:
+            headline += f"; waiting for {listing(open_.missing, open_.missing_count)}"
+    # Those a reader opens first: the culprits, then who is missing, then the slowest.
+    open_missing = next((b.missing for b in reversed(barriers) if b.missing_count), [])
+    slowest = barriers[-1].slowest if barriers else []
+    notable = list(dict.fromkeys([*involved[:NAMED], *open_missing, *slowest]))[:NAMED]
+    return JobSummary(
+        process_count=n,
+        headline=headline,
+        phases=[(phase, phases[phase]) for phase in order],
+        barriers=barriers,
+        failure=failure,
+        notable=notable,
+    )
+
+
+def summary_lines(summary: JobSummary) -> list[str]:
+    """The summary as text: headline, phase counts, one line per barrier."""
+    lines = [summary.headline]
+    lines.append("phases: " + ", ".join(f"{phase} {k:,}" for phase, k in summary.phases))
+    for b in summary.barriers:
+        line = (
+            f"{b.name}: {b.arrived:,} arrived, {b.released:,} released; arrivals over "
+            f"{b.last_ms:.0f} ms (median +{b.median_ms:.0f}, 90% +{b.p90_ms:.0f})"
+        )
+        if b.slowest:
+            line += f"; last: {listing(b.slowest)}"
+        lines.append(line)
+    return lines
