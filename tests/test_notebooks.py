@@ -54,6 +54,13 @@ def test_notebook_runs(path, tmp_path):
         assert "host 2's shards from its neighbour: True" in joined
         assert "tier: persistent, step 5: the root's newest step" in joined
         assert "restored step 5, bit for bit: True" in joined
+    if path.stem == "10_scale":
+        assert "256 simulated processes joined one coordination service" in joined
+        assert re.search(r"barrier of 256 processes: nbckpt \d+\.\d ms", joined), joined
+        assert "all 255 survivors failed, every one naming process 100: True" in joined
+        straggler = r"tmp_ready: 256 arrived, 256 released; .*last: 17 \(\+2,\d\d\d ms\)"
+        assert re.search(straggler, joined), joined
+        assert "simulation stopped" in joined
 
 
 def test_every_teaching_notebook_is_there():
@@ -67,4 +74,5 @@ def test_every_teaching_notebook_is_there():
         "07_object_storage",
         "08_preemption",
         "09_local_tier",
+        "10_scale",
     ]

@@ -244,7 +244,7 @@ def test_text_of_many_processes_shows_the_job_and_the_few_that_matter(tmp_path):
     assert lines[2] == "phases: barrier:write_complete 30, snapshot 10"
     assert lines[3].startswith("tmp_ready: 40 arrived, 40 released; arrivals over 390 ms")
     assert lines[4].startswith("write_complete: 30 arrived, 0 released")
-    assert lines[4].endswith("last: 22, 23, 24, 25, 26, 27, 28, 29")
+    assert lines[4].endswith("last: 29 (+290 ms), 28 (+280 ms), 27 (+270 ms), 26 (+260 ms)")
     meters = [ln.split(":")[0] for ln in lines[5:]]
     assert meters == [f"process {p}" for p in range(30, 38)]  # the missing, one row each
 

@@ -258,10 +258,18 @@ class Simulation:
         victim: int | None = None,
         die_after_s: float = 0.5,
         timeout_s: float = 120,
+        straggler: int | None = None,
+        late_s: float = 0.0,
     ) -> SaveOutcome:
-        """Run one save on every simulated process; with ``victim``, one dies in it."""
+        """Run one save on every simulated process.
+
+        With ``victim``, that process dies ``die_after_s`` after the preflight; with
+        ``straggler``, that process starts writing ``late_s`` late, and the others wait
+        for it.
+        """
         t_go = time.time() + _LEAD_S
-        got = self._all(("save", step, t_go, victim, die_after_s, timeout_s))
+        command = ("save", step, t_go, victim, die_after_s, timeout_s, straggler, late_s)
+        got = self._all(command)
         bad = [g for g in got if "p" not in g]
         if bad:
             raise RuntimeError(f"save of step {step} failed to start: {bad[0]['error']}")

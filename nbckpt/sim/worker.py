@@ -104,12 +104,21 @@ def _barrier(sim: _Sim, kind: str, name: str, t_go: float, timeout_s: float) -> 
 
 
 def _save(
-    sim: _Sim, step: int, t_go: float, victim: int | None, die_after_s: float, timeout_s: float
+    sim: _Sim,
+    step: int,
+    t_go: float,
+    victim: int | None,
+    die_after_s: float,
+    timeout_s: float,
+    straggler: int | None = None,
+    late_s: float = 0.0,
 ) -> dict[str, Any]:
     """Run one save of :data:`TREE` through nbckpt's own save path.
 
     The ``victim`` joins the preflight, then dies ``die_after_s`` later: it stops
-    beating and its port refuses, as a killed process's does, and it never writes.
+    beating and its port refuses, as a killed process's does, and it never writes. The
+    ``straggler`` starts its write ``late_s`` late: the others wait for it at
+    ``tmp_ready``.
     """
     from nbckpt.engine.options import CheckpointerOptions
     from nbckpt.engine.save.start import start_save
@@ -125,6 +134,8 @@ def _save(
         sim.ctx.health.stop()
         job.journal.close()
         return {"p": sim.index, "op": job.op, "start": t0, "agreed": t_agreed, "died": died}
+    if sim.index == straggler:
+        time.sleep(late_s)
     error = job.run()
     return {
         "p": sim.index,
@@ -164,7 +175,8 @@ def serve(
 
     Commands (tuples) and answers (lists, one entry per simulated process):
     ``("connect",)``, ``("join", root)``, ``("barrier", kind, name, t_go, timeout_s)``,
-    ``("save", step, t_go, victim, die_after_s, timeout_s)``, ``("rss",)``, ``("stop",)``.
+    ``("save", step, t_go, victim, die_after_s, timeout_s, straggler, late_s)``,
+    ``("rss",)``, ``("stop",)``.
     """
     services = []  # referenced until the process ends: dropping it stops the service
     try:

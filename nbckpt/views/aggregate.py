@@ -37,7 +37,8 @@ class BarrierSpread:
     first_ms, median_ms, p90_ms, last_ms
         Arrival times after the first arrival: the spread of the arrivals.
     slowest
-        The last processes to arrive (at most :data:`~nbckpt.views.naming.NAMED`).
+        The last processes to arrive, latest first, each with its arrival in ms after
+        the first (at most :data:`~nbckpt.views.naming.NAMED`).
     missing, missing_count
         The processes that have not arrived while others wait (named, and how many).
     """
@@ -49,7 +50,7 @@ class BarrierSpread:
     median_ms: float
     p90_ms: float
     last_ms: float
-    slowest: list[int]
+    slowest: list[tuple[int, float]]
     missing: list[int] = field(default_factory=list)
     missing_count: int = 0
 
@@ -84,7 +85,7 @@ def _spread(name: str, views: list[ProcessView], everyone: int) -> BarrierSpread
         median_ms=statistics.median(ms),
         p90_ms=ms[min(len(ms) - 1, int(0.9 * len(ms)))],
         last_ms=ms[-1],
-        slowest=sorted(p for _, p in arrivals[-NAMED:]) if len(arrivals) < everyone else [],
+        slowest=[(p, (t - t0) * 1e3) for t, p in reversed(arrivals[-NAMED:])],
         missing=list(missing),
         missing_count=count,
     )
@@ -131,7 +132,7 @@ def summarize(view: OperationView) -> JobSummary:
             headline += f"; waiting for {listing(open_.missing, open_.missing_count)}"
     # Those a reader opens first: the culprits, then who is missing, then the slowest.
     open_missing = next((b.missing for b in reversed(barriers) if b.missing_count), [])
-    slowest = barriers[-1].slowest if barriers else []
+    slowest = [p for p, _ in barriers[-1].slowest] if barriers else []
     notable = list(dict.fromkeys([*involved[:NAMED], *open_missing, *slowest]))[:NAMED]
     return JobSummary(
         process_count=n,
@@ -153,6 +154,6 @@ def summary_lines(summary: JobSummary) -> list[str]:
             f"{b.last_ms:.0f} ms (median +{b.median_ms:.0f}, 90% +{b.p90_ms:.0f})"
         )
         if b.slowest:
-            line += f"; last: {listing(b.slowest)}"
+            line += "; last: " + ", ".join(f"{p} (+{ms:,.0f} ms)" for p, ms in b.slowest[:4])
         lines.append(line)
     return lines
