@@ -195,17 +195,9 @@ def test_await_value_ends_when_a_peer_fails():
 
 def test_a_view_of_many_processes_names_a_few_and_counts_the_rest(tmp_path):
     """40 processes; 30 at write_complete, 10 never come: each list names 8 at most."""
-    n, t0 = 40, 1_700_000_000.0
-    for p in range(n):
-        j = JournalWriter(tmp_path, "op", p, "save", 1)
-        j.emit("requested", t=t0, process_count=n, primary=0)
-        j.emit("barrier_enter", t=t0 + 0.1 + p * 0.01, name="tmp_ready")
-        j.emit("barrier_exit", t=t0 + 0.6, name="tmp_ready")
-        if p < 30:
-            j.emit("barrier_enter", t=t0 + 1.0 + p * 0.01, name="write_complete")
-        j.close()
+    n = 40
+    view = _forty(tmp_path)
     record = read_operation(tmp_path, "op")
-    view = view_state(record)
     first = view.processes[0]
     tmp_ready, waiting = first.barriers
     assert tmp_ready.waited_count == n - 1 and tmp_ready.waited_for == list(range(32, 40))
@@ -222,6 +214,7 @@ def test_a_view_of_many_processes_names_a_few_and_counts_the_rest(tmp_path):
 
 
 def _forty(tmp_path, failing=None):
+    """A save of 40 processes: all at tmp_ready, 30 at write_complete (one may fail)."""
     n, t0 = 40, 1_700_000_000.0
     for p in range(n):
         j = JournalWriter(tmp_path, "op", p, "save", 1)

@@ -269,13 +269,8 @@ class Synchronizer:
         BarrierTimeoutError
             If some process did not take part within ``timeout_s``.
         """
-        key = barrier_key(op, name)
-        self.client.key_value_set(f"{key}/value/{self.process_index}", value)
-        self.barrier(op, name, timeout_s=timeout_s)
-        if self.process_index != source:
-            return None
-        values = self.client.key_value_dir_get(f"{key}/value")
-        return {int(k.rsplit("/", 1)[1]): v for k, v in values.items()}
+        key = self._post(op, name, value, timeout_s)
+        return self._values(key) if self.process_index == source else None
 
     def gather(self, op: str, name: str, value: str, *, timeout_s: float) -> dict[int, str]:
         """Exchange one string per process; every process gets all of them.
@@ -285,9 +280,16 @@ class Synchronizer:
         BarrierTimeoutError
             If some process did not take part within ``timeout_s``.
         """
+        return self._values(self._post(op, name, value, timeout_s))
+
+    def _post(self, op: str, name: str, value: str, timeout_s: float) -> str:
+        """Post this process's ``value`` under ``op``/``name``, then meet the others there."""
         key = barrier_key(op, name)
         self.client.key_value_set(f"{key}/value/{self.process_index}", value)
         self.barrier(op, name, timeout_s=timeout_s)
+        return key
+
+    def _values(self, key: str) -> dict[int, str]:
         values = self.client.key_value_dir_get(f"{key}/value")
         return {int(k.rsplit("/", 1)[1]): v for k, v in values.items()}
 
