@@ -25,7 +25,9 @@ from nbckpt.engine.sync.barriers import InProcessClient, Synchronizer, wait_slic
 from nbckpt.engine.sync.hostbook import AHEAD, HostBook
 from nbckpt.formats.layout import is_complete, step_dir
 from nbckpt.journal import JournalWriter, read_operation
+from nbckpt.journal._writer import flush_interval
 from nbckpt.sim import Simulation
+from nbckpt.storage import location
 from nbckpt.views.monitor import view_state
 from nbckpt.views.naming import NAMED
 from nbckpt.views.timeline import timeline_view
@@ -248,3 +250,11 @@ def test_a_failure_among_many_is_said_once_culprit_first(tmp_path):
     assert lines[1] == "process 35 failed during write: OSError: disk on fire"
     assert text.count("disk on fire") == 1
     assert lines[5].startswith("process 35:")
+
+
+def test_a_large_jobs_journal_puts_stay_near_a_thousand_a_second():
+    assert flush_interval(4) == flush_interval(250) == 0.25
+    assert flush_interval(2000) == 2.0
+    # Each process of a 2,000-process job on an object store writes once in 2 s at most.
+    writer = JournalWriter(location("s3://bucket/root"), "op", 3, "save", 1, 2000)
+    assert writer._sink is not None and writer._sink.interval_s == 2.0

@@ -89,7 +89,7 @@ def restore_agreed(
         op = ctx.preflight.renamed(op, step)
     assert step is not None
     me = ctx.sync.process_index
-    journal = JournalWriter(ctx.root, op, me, Kind.RESTORE, step)
+    journal = JournalWriter(ctx.root, op, me, Kind.RESTORE, step, ctx.sync.process_count)
     journal.emit(Event.REQUESTED, process_count=ctx.sync.process_count)
     if choice is not None:
         journal.emit(Event.TIER_CHOSEN, tier=choice.tier, why=choice.why, holders=choice.holders)

@@ -31,6 +31,20 @@ EVENTS: tuple[str, ...] = tuple(Event)
 #: whole record per interval at most, however many events arrive).
 FLUSH_INTERVAL_S = 0.25
 
+#: How many PUTs a second a whole job's journals may make: S3 takes 3,500 a second per
+#: prefix, and every process of an operation writes under the same one.
+JOB_PUTS_PER_S = 1000
+
+
+def flush_interval(process_count: int) -> float:
+    """How long a process's events wait on an object store, in a job of that many.
+
+    :data:`FLUSH_INTERVAL_S` up to 250 processes; beyond, longer, so that the job's
+    PUTs stay near :data:`JOB_PUTS_PER_S` (one a second each at 1,000 processes).
+    """
+    return max(FLUSH_INTERVAL_S, process_count / JOB_PUTS_PER_S)
+
+
 #: Events written at once on an object store: the end of an operation or a failure,
 #: which a process may not live long enough to flush later.
 URGENT: frozenset[str] = frozenset(
@@ -48,8 +62,9 @@ URGENT: frozenset[str] = frozenset(
 class _ObjectSink:
     """The growing record of one process, put as one object per flush."""
 
-    def __init__(self, path: ObjectPath) -> None:
+    def __init__(self, path: ObjectPath, interval_s: float = FLUSH_INTERVAL_S) -> None:
         self.path = path
+        self.interval_s = interval_s
         self._lines: list[str] = []
         self._version = 0
         self._written = 0
@@ -67,7 +82,7 @@ class _ObjectSink:
             self._lines.append(line)
             self._version += 1
             if not urgent and self._timer is None:
-                self._timer = threading.Timer(FLUSH_INTERVAL_S, self._flush_quietly)
+                self._timer = threading.Timer(self.interval_s, self._flush_quietly)
                 self._timer.daemon = True
                 self._timer.start()
         if urgent:
@@ -118,6 +133,9 @@ class JournalWriter:
         ``"save"`` or ``"restore"`` (any short word), recorded on every event.
     step
         The step the operation works on.
+    process_count
+        How many processes the operation has: on an object store, a large job's
+        events wait longer before they are written (:func:`flush_interval`).
 
     Notes
     -----
@@ -126,11 +144,14 @@ class JournalWriter:
     checkpoint. Locally each event is flushed as it is written, so that a reader
     tailing the file (the widgets, the server) sees it at once, and a process killed
     mid-save leaves every event it had reached. On an object store events reach the
-    store within :data:`FLUSH_INTERVAL_S`, and the :data:`URGENT` ones at once; a
-    process killed in between loses the events of its last interval.
+    store within :data:`FLUSH_INTERVAL_S` (longer in a job of more than 250 processes),
+    and the :data:`URGENT` ones at once; a process killed in between loses the events
+    of its last interval.
     """
 
-    def __init__(self, root: Where, op: str, process: int, kind: str, step: int) -> None:
+    def __init__(
+        self, root: Where, op: str, process: int, kind: str, step: int, process_count: int = 1
+    ) -> None:
         self.op = op
         self.process = process
         self.kind = kind
@@ -138,7 +159,11 @@ class JournalWriter:
         self.path = ops_dir(root) / op / f"process_{process}.jsonl"
         self._lock = threading.Lock()
         self._file: Any = None
-        self._sink = _ObjectSink(self.path) if isinstance(self.path, ObjectPath) else None
+        self._sink = (
+            _ObjectSink(self.path, flush_interval(process_count))
+            if isinstance(self.path, ObjectPath)
+            else None
+        )
         self._broken = False
 
     def emit(self, event: str, *, t: float | None = None, **fields: Any) -> None:

@@ -289,7 +289,9 @@ def barrier(
         source = min(processes) if processes else 0
         proposed = barrier_op_id(ident, name) if sync.process_index == source else None
         journal_op = sync.broadcast(op, "journal", proposed, source=source, timeout_s=timeout_s)
-        journal = JournalWriter(root, journal_op, sync.process_index, Kind.BARRIER, 0)
+        journal = JournalWriter(
+            root, journal_op, sync.process_index, Kind.BARRIER, 0, sync.process_count
+        )
         count = len(processes) if processes else sync.process_count
         journal.emit(Event.REQUESTED, process_count=count, name=name)
         journal.emit(Event.BARRIER_ENTER, name=name)

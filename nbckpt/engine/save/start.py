@@ -108,7 +108,7 @@ def start_save(
     if tier is not None:
         tier.join(ctx.preflight.extras)
     me, n = ctx.sync.process_index, ctx.sync.process_count
-    journal = JournalWriter(ctx.root, op, me, Kind.SAVE, step)
+    journal = JournalWriter(ctx.root, op, me, Kind.SAVE, step, n)
     told = preemption.notice_for(ctx.health.client, step)
     journal.emit(
         Event.REQUESTED,
