@@ -103,6 +103,30 @@ def killed_save(*, culprit_only: bool = False) -> list[tuple[int, float, str, di
     return sorted(script, key=lambda e: e[1])
 
 
+def many_save(n: int = 1024, straggler: int = 17) -> list[tuple[int, float, str, dict[str, Any]]]:
+    """A save of ``n`` processes in which ``straggler`` reaches tmp_ready 2 s late."""
+    script: list[tuple[int, float, str, dict[str, Any]]] = []
+    for p in range(n):
+        late = 2.0 if p == straggler else 0.0
+        spread = (p % 97) / 1000  # arrivals spread over about 0.1 s
+        script += [
+            (p, 0.00, "requested", {"process_count": n, "primary": 0}),
+            (p, 0.02 + spread, "snapshot_done", {"bytes": 1 * MB}),
+            (p, 0.03 + spread + late, "barrier_enter", {"name": "tmp_ready"}),
+            (p, 2.13, "barrier_exit", {"name": "tmp_ready"}),
+            (p, 2.13, "tmp_ready", {}),
+            (p, 2.14, "write_started", {"bytes": 1 * MB}),
+            (p, 2.20 + spread, "write_done", {"bytes": 1 * MB}),
+            (p, 2.20 + spread, "barrier_enter", {"name": "write_complete"}),
+            (p, 2.31, "barrier_exit", {"name": "write_complete"}),
+            (p, 2.40, "barrier_enter", {"name": "commit_complete"}),
+            (p, 2.42, "barrier_exit", {"name": "commit_complete"}),
+            (p, 2.42, "committed", {}),
+        ]
+    script += [(0, 2.31, "finalize_started", {}), (0, 2.39, "finalized", {})]
+    return sorted(script, key=lambda e: e[1])
+
+
 RESTORE: list[tuple[int, float, str, dict[str, Any]]] = [
     (0, 0.00, "requested", {"process_count": 2}),
     (1, 0.01, "requested", {"process_count": 2}),

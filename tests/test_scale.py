@@ -31,7 +31,7 @@ from nbckpt.storage import location
 from nbckpt.views.monitor import view_state
 from nbckpt.views.naming import NAMED
 from nbckpt.views.timeline import timeline_view
-from nbckpt.widgets.progress import rows_from_view
+from nbckpt.widgets.progress import ProgressWidget, rows_from_view
 from nbckpt.widgets.text import render_text
 
 SCALE = Path(__file__).resolve().parent.parent / "benchmarks" / "scale.py"
@@ -258,3 +258,13 @@ def test_a_large_jobs_journal_puts_stay_near_a_thousand_a_second():
     # Each process of a 2,000-process job on an object store writes once in 2 s at most.
     writer = JournalWriter(location("s3://bucket/root"), "op", 3, "save", 1, 2000)
     assert writer._sink is not None and writer._sink.interval_s == 2.0
+
+
+def test_the_widget_of_many_processes_sends_the_whole_and_the_few(tmp_path):
+    view = _forty(tmp_path)
+    widget = ProgressWidget(view, read_operation(tmp_path, "op"))
+    assert widget.summary["headline"].startswith("30 of 40 at barrier:write_complete")
+    assert [r["process"] for r in widget.rows] == widget.summary["notable"] == list(range(30, 38))
+    assert sorted(widget.timeline["processes"]) == sorted(map(str, range(30, 38)))
+    spread = widget.summary["barriers"][0]
+    assert sum(spread["histogram"]) == 40 and spread["slowest"][0] == {"process": 39, "ms": 390.0}

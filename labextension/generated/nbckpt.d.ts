@@ -372,6 +372,47 @@ export interface IRow {
   error_phase: string | null;
 }
 
+/** One process's arrival at a barrier, in ms after the first arrival. */
+export interface IArrival {
+  process: number;
+  ms: number;
+}
+
+/** One barrier across the job: its arrivals as a spread, the last and the missing. */
+export interface IBarrierSummary {
+  name: string;
+  arrived: number;
+  released: number;
+  median_ms: number;
+  p90_ms: number;
+  last_ms: number;
+  /** Arrivals per equal slice of `[0, last_ms]`: the spread, to draw as bars. */
+  histogram: number[];
+  /** The last to arrive, latest first. */
+  slowest: IArrival[];
+  /** Who has not arrived while others wait: eight at most, and how many in all. */
+  missing: number[];
+  missing_count: number;
+}
+
+/** How many processes are in one phase. */
+export interface IPhaseCount {
+  phase: string;
+  count: number;
+}
+
+/** The job as a whole, what a widget of many processes shows above its few rows. */
+export interface IJobSummaryView {
+  process_count: number;
+  /** Where the job stands, or its failure (culprit first), in one line. */
+  headline: string;
+  phases: IPhaseCount[];
+  barriers: IBarrierSummary[];
+  failure: string | null;
+  /** The processes that keep a row (and a timeline lane): culprits, missing, slowest. */
+  notable: number[];
+}
+
 /** A root's local tier across the cluster, as `%ckpt_tiers` shows it. */
 export interface ITiersView {
   root: string;

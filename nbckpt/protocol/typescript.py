@@ -85,6 +85,10 @@ SHAPES: tuple[type, ...] = (
     views.Roots,
     views.BarrierCell,
     views.Row,
+    views.Arrival,
+    views.BarrierSummary,
+    views.PhaseCount,
+    views.JobSummaryView,
     views.TiersView,
 )
 

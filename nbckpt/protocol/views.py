@@ -30,14 +30,18 @@ from nbckpt.protocol.words import (
 __all__ = [
     "Activity",
     "ActivityOp",
+    "Arrival",
     "BarrierCell",
+    "BarrierSummary",
     "BarrierWait",
     "ClusterRoot",
     "EntryAnswer",
     "FoundRoot",
+    "JobSummaryView",
     "OperationAnswer",
     "OperationSummary",
     "Operations",
+    "PhaseCount",
     "PreemptionNotice",
     "ProcessDrawing",
     "ProtocolNames",
@@ -274,6 +278,54 @@ class Row(TypedDict):
     dead_reported_by: list[int]
     error: str | None
     error_phase: str | None
+
+
+# -- the job as a whole (views of many processes) ----------------------------------
+
+
+class Arrival(TypedDict):
+    """One process's arrival at a barrier, in ms after the first arrival."""
+
+    process: int
+    ms: float
+
+
+class BarrierSummary(TypedDict):
+    """One barrier across the job: its arrivals as a spread, the last and the missing."""
+
+    name: str
+    arrived: int
+    released: int
+    median_ms: float
+    p90_ms: float
+    last_ms: float
+    #: Arrivals per equal slice of ``[0, last_ms]``: the spread, to draw as bars.
+    histogram: list[int]
+    #: The last to arrive, latest first.
+    slowest: list[Arrival]
+    #: Who has not arrived while others wait: eight at most, and how many in all.
+    missing: list[int]
+    missing_count: int
+
+
+class PhaseCount(TypedDict):
+    """How many processes are in one phase."""
+
+    phase: str
+    count: int
+
+
+class JobSummaryView(TypedDict):
+    """The job as a whole, what a widget of many processes shows above its few rows."""
+
+    process_count: int
+    #: Where the job stands, or its failure (culprit first), in one line.
+    headline: str
+    phases: list[PhaseCount]
+    barriers: list[BarrierSummary]
+    failure: str | None
+    #: The processes that keep a row (and a timeline lane): culprits, missing, slowest.
+    notable: list[int]
 
 
 # -- the local tier (``%ckpt_tiers``) ------------------------------------------------

@@ -15,13 +15,23 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from nbckpt.protocol import Status
+from nbckpt.protocol.views import BarrierSummary, JobSummaryView
 from nbckpt.views.monitor import OperationView, ProcessView
 from nbckpt.views.naming import NAMED, listing
 
-__all__ = ["AGGREGATE_ABOVE", "BarrierSpread", "JobSummary", "summarize", "summary_lines"]
+__all__ = [
+    "AGGREGATE_ABOVE",
+    "BarrierSpread",
+    "JobSummary",
+    "summarize",
+    "summary_lines",
+    "summary_view",
+]
 
 #: Views of more processes than this show the job as a whole.
 AGGREGATE_ABOVE = 16
+#: How many slices a barrier's spread of arrivals is counted in.
+HISTOGRAM_BINS = 24
 
 
 @dataclass(frozen=True)
@@ -41,6 +51,8 @@ class BarrierSpread:
         the first (at most :data:`~nbckpt.views.naming.NAMED`).
     missing, missing_count
         The processes that have not arrived while others wait (named, and how many).
+    histogram
+        Arrivals per equal slice of ``[0, last_ms]`` (:data:`HISTOGRAM_BINS` slices).
     """
 
     name: str
@@ -53,6 +65,7 @@ class BarrierSpread:
     slowest: list[tuple[int, float]]
     missing: list[int] = field(default_factory=list)
     missing_count: int = 0
+    histogram: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -88,7 +101,16 @@ def _spread(name: str, views: list[ProcessView], everyone: int) -> BarrierSpread
         slowest=[(p, (t - t0) * 1e3) for t, p in reversed(arrivals[-NAMED:])],
         missing=list(missing),
         missing_count=count,
+        histogram=_histogram(ms),
     )
+
+
+def _histogram(ms: list[float]) -> list[int]:
+    bins = [0] * HISTOGRAM_BINS
+    width = (ms[-1] / HISTOGRAM_BINS) if ms and ms[-1] > 0 else 0.0
+    for m in ms:
+        bins[min(HISTOGRAM_BINS - 1, int(m / width)) if width else 0] += 1
+    return bins
 
 
 def _failure(views: list[ProcessView]) -> tuple[str | None, list[int]]:
@@ -132,7 +154,9 @@ def summarize(view: OperationView) -> JobSummary:
             headline += f"; waiting for {listing(open_.missing, open_.missing_count)}"
     # Those a reader opens first: the culprits, then who is missing, then the slowest.
     open_missing = next((b.missing for b in reversed(barriers) if b.missing_count), [])
-    slowest = [p for p, _ in barriers[-1].slowest] if barriers else []
+    # The barrier the job waited at longest is where its straggler shows.
+    worst = max(barriers, key=lambda b: b.last_ms, default=None)
+    slowest = [p for p, _ in worst.slowest] if worst is not None else []
     notable = list(dict.fromkeys([*involved[:NAMED], *open_missing, *slowest]))[:NAMED]
     return JobSummary(
         process_count=n,
@@ -144,6 +168,33 @@ def summarize(view: OperationView) -> JobSummary:
     )
 
 
+def summary_view(summary: JobSummary) -> JobSummaryView:
+    """The summary as the widget's ``summary`` trait (JSON; drawn by TypeScript)."""
+    barriers: list[BarrierSummary] = [
+        {
+            "name": b.name,
+            "arrived": b.arrived,
+            "released": b.released,
+            "median_ms": round(b.median_ms, 1),
+            "p90_ms": round(b.p90_ms, 1),
+            "last_ms": round(b.last_ms, 1),
+            "histogram": b.histogram,
+            "slowest": [{"process": p, "ms": round(ms, 1)} for p, ms in b.slowest],
+            "missing": b.missing,
+            "missing_count": b.missing_count,
+        }
+        for b in summary.barriers
+    ]
+    return {
+        "process_count": summary.process_count,
+        "headline": summary.headline,
+        "phases": [{"phase": phase, "count": k} for phase, k in summary.phases],
+        "barriers": barriers,
+        "failure": summary.failure,
+        "notable": summary.notable,
+    }
+
+
 def summary_lines(summary: JobSummary) -> list[str]:
     """The summary as text: headline, phase counts, one line per barrier."""
     lines = [summary.headline]
@@ -151,7 +202,7 @@ def summary_lines(summary: JobSummary) -> list[str]:
     for b in summary.barriers:
         line = (
             f"{b.name}: {b.arrived:,} arrived, {b.released:,} released; arrivals over "
-            f"{b.last_ms:.0f} ms (median +{b.median_ms:.0f}, 90% +{b.p90_ms:.0f})"
+            f"{b.last_ms:,.0f} ms (median +{b.median_ms:,.0f}, 90% +{b.p90_ms:,.0f})"
         )
         if b.slowest:
             line += "; last: " + ", ".join(f"{p} (+{ms:,.0f} ms)" for p, ms in b.slowest[:4])

@@ -19,6 +19,7 @@ import traitlets
 from nbckpt.journal import OperationRecord
 from nbckpt.protocol import BarrierState, Kind, Phase, Status, as_json
 from nbckpt.protocol.views import BarrierCell, Row
+from nbckpt.views.aggregate import AGGREGATE_ABOVE, summarize, summary_view
 from nbckpt.views.monitor import OperationView, ProcessView
 from nbckpt.views.naming import listing
 from nbckpt.views.timeline import timeline_view
@@ -167,16 +168,22 @@ def rows_from_view(view: OperationView) -> list[Row]:
     return rows
 
 
-def timeline_of(record: OperationRecord) -> dict[str, Any]:
+def timeline_of(record: OperationRecord, only: list[int] | None = None) -> dict[str, Any]:
     """The widget's ``timeline`` without ``now``: the merged journal, minus raw events.
 
     It is ``record.to_dict()`` (what the lab sidebar's timeline draws) without each
     process's ``events``, which the drawing does not need and which grow with every
     progress event, plus ``view``: the decisions the drawing shows
-    (:func:`nbckpt.views.timeline.timeline_view`), as the server sends them.
+    (:func:`nbckpt.views.timeline.timeline_view`), as the server sends them. With
+    ``only``, only those processes' lanes.
     """
     d = record.to_dict(events=False)
     d["view"] = timeline_view(record)
+    if only is not None:
+        # A job of many processes: only the lanes of the processes that keep a row.
+        keep = {str(p) for p in only}
+        d["processes"] = {k: v for k, v in d["processes"].items() if k in keep}
+        d["view"]["processes"] = {k: v for k, v in d["view"]["processes"].items() if k in keep}
     return d
 
 
@@ -197,7 +204,13 @@ class ProgressWidget(anywidget.AnyWidget):
     status
         ``running``, ``committed``, ``restored`` or ``failed`` (the whole operation).
     rows
-        One dict per process; see :func:`rows_from_view`.
+        One dict per process; see :func:`rows_from_view`. Above
+        :data:`~nbckpt.views.aggregate.AGGREGATE_ABOVE` processes, only those of
+        ``summary["notable"]``.
+    summary
+        ``{}`` for a job of a few processes; above
+        :data:`~nbckpt.views.aggregate.AGGREGATE_ABOVE`, the job as a whole
+        (:func:`~nbckpt.views.aggregate.summary_view`), drawn above the rows.
     timeline
         The merged journal the front end draws as a timeline (:func:`timeline_of`),
         plus ``now``: the kernel's clock when it was sent, which open spans reach (and
@@ -219,6 +232,7 @@ class ProgressWidget(anywidget.AnyWidget):
     title = traitlets.Unicode("").tag(sync=True)
     status = traitlets.Unicode(Status.RUNNING.value).tag(sync=True)
     rows = traitlets.List(traitlets.Dict()).tag(sync=True)
+    summary = traitlets.Dict().tag(sync=True)
     timeline = traitlets.Dict().tag(sync=True)
     protocol = traitlets.Dict().tag(sync=True)
     #: The updater that keeps this widget live (None once built from a finished journal).
@@ -252,15 +266,24 @@ class ProgressWidget(anywidget.AnyWidget):
         bool
             Whether anything changed.
         """
+        rows = rows_from_view(view)
+        only: list[int] | None = None
+        summary: dict[str, Any] = {}
+        if len(view.processes) > AGGREGATE_ABOVE:
+            # A job of many processes: the whole, and a row for those that matter.
+            job = summary_view(summarize(view))
+            summary, only = dict(job), job["notable"]
+            rows = [r for r in rows if r["process"] in only]
         new = {
             "op": view.op,
             "title": title_of(view),
             "status": view.status,
-            "rows": rows_from_view(view),
+            "rows": rows,
+            "summary": summary,
         }
         changed: dict[str, Any] = {k: v for k, v in new.items() if getattr(self, k) != v}
         if record is not None:
-            timeline = timeline_of(record)
+            timeline = timeline_of(record, only)
             if {k: v for k, v in self.timeline.items() if k != "now"} != timeline:
                 changed["timeline"] = {**timeline, "now": time.time()}
         self._view = view

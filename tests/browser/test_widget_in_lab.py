@@ -31,7 +31,7 @@ import pytest
 
 from tests.browser.labserver import ARTIFACTS, lab_page, run_command, running_lab
 from tests.browser.screens import DARK_THEME, compare, contrast, set_lab_theme
-from tests.journal_scripts import SAVE, failing_save, write_script
+from tests.journal_scripts import SAVE, failing_save, many_save, write_script
 
 pytestmark = [pytest.mark.browser]
 
@@ -51,8 +51,11 @@ CELLS = [
 ]
 BUSY = 4  # the cell that keeps the kernel busy while the save commits
 
-#: Scripted journals under ``journals/`` of the server root, shown by ``show(op)``.
-SCRIPTED = {"committed": SAVE, "failed": failing_save()}
+#: Scripted journals under ``journals/`` of the server root, shown by ``show(op)``:
+#: two of 2 processes, and one of 1,024 (process 17 a straggler), shown as a whole.
+SCRIPTED = {"committed": SAVE, "failed": failing_save(), "many": many_save()}
+#: The rows each widget keeps: every process, or above 16 only those that matter.
+ROWS = {"committed": 2, "failed": 2, "many": 8}
 SCRIPTED_CELLS = [
     "from nbckpt.journal import read_operation\n"
     "from nbckpt.views.monitor import view_state\n"
@@ -67,6 +70,9 @@ SCRIPTED_CELLS = [
 #: about 500 px wide; and a wide one.
 NARROW = {"width": 930, "height": 1000}
 WIDE = {"width": 1500, "height": 1000}
+#: The 1,024-process widget is taller than those viewports: its pictures are taken in
+#: a taller one of the same width, so that all of it is on screen.
+TALL = 2400
 
 
 def _notebook(path: Path, cells: list[str]) -> None:
@@ -163,7 +169,7 @@ def test_scripted_widgets_look_as_their_references(scripted_lab: tuple[str, str]
         for op in SCRIPTED:
             widget = page.locator(f".nbckpt-w[data-op='{op}']")
             expect(widget).to_be_visible(timeout=60_000)
-            expect(widget.locator("tr.nbckpt-w-row")).to_have_count(2)
+            expect(widget.locator("tr.nbckpt-w-row")).to_have_count(ROWS[op])
 
         committed = page.locator(".nbckpt-w[data-op='committed']")
         failed = page.locator(".nbckpt-w[data-op='failed']")
@@ -181,8 +187,19 @@ def test_scripted_widgets_look_as_their_references(scripted_lab: tuple[str, str]
         expect(failed.locator("rect.nbckpt-span-failed")).to_have_count(2)
         expect(failed.locator("svg .nbckpt-commit")).to_have_count(0)
         expect(failed.locator(".nbckpt-w-error")).to_have_count(2)
+        # 1,024 processes: the job as a whole, the straggler first among 8 rows and lanes.
+        many = page.locator(".nbckpt-w[data-op='many']")
+        expect(many.locator(".nbckpt-w-headline")).to_have_text("1,024 of 1,024 committed")
+        expect(many.locator(".nbckpt-w-spread")).to_have_count(3)
+        spread = many.locator(".nbckpt-w-spread[data-name='tmp_ready'] .nbckpt-w-spread-text")
+        expect(spread).to_contain_text("last: 17 (+2,017\u00a0ms)")
+        expect(many.locator(".nbckpt-w-hist").first.locator("rect")).not_to_have_count(0)
+        expect(many.locator("tr.nbckpt-w-row").first).to_have_attribute("data-process", "17")
+        expect(many.locator("svg .nbckpt-timeline-row")).to_have_count(8)
+        expect(committed.locator(".nbckpt-w-summary")).to_be_hidden()
 
         for op in SCRIPTED:
+            page.set_viewport_size({**NARROW, "height": TALL if op == "many" else 1000})
             widget = page.locator(f".nbckpt-w[data-op='{op}']")
             widget.scroll_into_view_if_needed()
             _settle(page, widget)
@@ -213,8 +230,8 @@ def test_scripted_widgets_look_as_their_references(scripted_lab: tuple[str, str]
         expected = {"light": "rgb(25, 118, 210)", "dark": "rgb(33, 150, 243)"}[theme]
         assert write == expected, (write, brand)
 
-        page.set_viewport_size(WIDE)
         for op in SCRIPTED:
+            page.set_viewport_size({**WIDE, "height": TALL if op == "many" else 1000})
             widget = page.locator(f".nbckpt-w[data-op='{op}']")
             widget.scroll_into_view_if_needed()
             _settle(page, widget)
