@@ -33,6 +33,7 @@ from nbckpt.views.naming import NAMED
 from nbckpt.views.timeline import timeline_view
 from nbckpt.widgets.progress import ProgressWidget, rows_from_view
 from nbckpt.widgets.text import render_text
+from nbckpt.widgets.timeline import plot_timeline
 
 SCALE = Path(__file__).resolve().parent.parent / "benchmarks" / "scale.py"
 
@@ -268,3 +269,12 @@ def test_the_widget_of_many_processes_sends_the_whole_and_the_few(tmp_path):
     assert sorted(widget.timeline["processes"]) == sorted(map(str, range(30, 38)))
     spread = widget.summary["barriers"][0]
     assert sum(spread["histogram"]) == 40 and spread["slowest"][0] == {"process": 39, "ms": 390.0}
+
+
+def test_the_figure_of_many_processes_draws_lanes_for_the_few_that_matter(tmp_path):
+    _forty(tmp_path)
+    fig = plot_timeline(tmp_path, "op", theme="light")
+    ax = fig.axes[0]
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert labels == [f"process {p}" for p in range(30, 38)]
+    assert "30 of 40 at barrier:write_complete" in ax.get_title(loc="left")

@@ -23,7 +23,16 @@ from matplotlib.transforms import Bbox
 from nbckpt.journal import OperationRecord, PhaseSpan
 from nbckpt.protocol import BARRIER_PREFIX, Event, Kind, Phase, Status
 from nbckpt.session import reads
-from nbckpt.views.timeline import NOT_FAILED, commit_time, failure_note, preempted, tiered
+from nbckpt.views.aggregate import AGGREGATE_ABOVE, summarize
+from nbckpt.views.monitor import view_state
+from nbckpt.views.timeline import (
+    NOT_FAILED,
+    commit_time,
+    everyone_of,
+    failure_note,
+    preempted,
+    tiered,
+)
 from nbckpt.widgets.palette import LIGHT, Palette, ThemeName, lab_theme, palette, role_of
 
 __all__ = ["PHASE_COLORS", "plot_timeline", "plot_timelines"]
@@ -234,6 +243,20 @@ def _legend(ax: Axes, records: list[OperationRecord], pal: Palette) -> None:
         legend.get_frame().set_alpha(1.0 if pal.background else 0.0)
 
 
+def _lanes(record: OperationRecord) -> tuple[list[int], str | None]:
+    """The processes that get a lane, and above 16 processes the job in one line.
+
+    A job of many processes gets lanes for the few that matter (the culprits, the
+    missing, the slowest: :mod:`nbckpt.views.aggregate`), not a figure a metre tall.
+    """
+    procs = sorted(record.processes)
+    if len(everyone_of(record)) <= AGGREGATE_ABOVE:
+        return procs, None
+    summary = summarize(view_state(record))
+    shown = [p for p in summary.notable if p in record.processes]
+    return shown, f"{summary.headline}; lanes: {len(shown)} of {summary.process_count:,}"
+
+
 def plot_timeline(
     source: OperationRecord | str | os.PathLike[str],
     op: str | None = None,
@@ -269,7 +292,8 @@ def plot_timeline(
     Returns
     -------
     matplotlib.figure.Figure
-        One row per process (process 0 on top). Each phase is a span coloured by
+        One row per process (process 0 on top; above 16 processes, only those that
+        matter, with the job summed up under the title). Each phase is a span coloured by
         :mod:`nbckpt.widgets.palette` (the lab's colours for the same phase); barrier
         waits are hatched, and a dashed line marks where each barrier released. The
         blocking part of a save (the snapshot, before ``save`` returns) is shaded apart
@@ -286,7 +310,8 @@ def plot_timeline(
     t0 = record.start or 0.0
     times = [float(e["t"]) for r in record.processes.values() for e in r.events if "t" in e]
     t_end = max(times) if times else t0
-    procs = sorted(record.processes)
+    procs, whole = _lanes(record)
+    row = {p: i for i, p in enumerate(procs)}
     fig = Figure(figsize=(10, 1.6 + 0.55 * max(1, len(procs))), layout="constrained")
     ax = fig.add_subplot()
     _style(fig, ax, pal)
@@ -294,17 +319,17 @@ def plot_timeline(
     for p in procs:
         rec = record.processes[p]
         for span in rec.phases:
-            _draw_span(ax, p, span, t0, t_end, p, pal)
+            _draw_span(ax, row[p], span, t0, t_end, p, pal)
         if rec.status not in NOT_FAILED:
             failed = [s for s in rec.phases if s.status == Status.FAILED] or rec.phases
             last = max(failed, key=lambda s: s.start) if failed else None
             x = ((last.end or t_end) if last else t_end) - t0
-            ax.plot([x], [p], marker="X", color=pal.failed, markersize=9, gid=f"failed:{p}")
+            ax.plot([x], [row[p]], marker="X", color=pal.failed, markersize=9, gid=f"failed:{p}")
             note = failure_note(record, p) or str(rec.status)
             msg = textwrap.shorten(note, 70, placeholder="…")
             ax.annotate(
                 f"{last.name if last else rec.status}: {msg}",
-                (x, p + 0.36),
+                (x, row[p] + 0.36),
                 ha="right",
                 va="top",
                 color=pal.failed,
@@ -324,7 +349,7 @@ def plot_timeline(
     committed = commit_time(record)
     if committed is not None:
         ax.axvline(committed - t0, color=pal.commit, lw=2.0, gid="commit")
-    ax.set_yticks(procs, [f"process {p}" for p in procs])
+    ax.set_yticks(range(len(procs)), [f"process {p}" for p in procs])
     ax.set_ylim(len(procs) - 0.2, -0.8)
     ax.set_xlim(left=0, right=span_s * 1.05)
     ax.set_xlabel("seconds since the request")
@@ -334,7 +359,7 @@ def plot_timeline(
         else Kind.BARRIER
     )
     ax.set_title(
-        f"{what}: {record.status}  ({record.op})",
+        f"{what}: {record.status}  ({record.op})" + (f"\n{whole}" if whole else ""),
         fontsize=10,
         loc="left",
         pad=20 + 11 * lines,
