@@ -26,6 +26,7 @@ from nbckpt.engine.sync.hostbook import AHEAD, HostBook
 from nbckpt.formats.layout import is_complete, step_dir
 from nbckpt.journal import JournalWriter, read_operation
 from nbckpt.journal._writer import flush_interval
+from nbckpt.server.manager import BadRequestError, CheckpointManager
 from nbckpt.sim import Simulation
 from nbckpt.storage import location
 from nbckpt.views.monitor import view_state
@@ -34,6 +35,7 @@ from nbckpt.views.timeline import timeline_view
 from nbckpt.widgets.progress import ProgressWidget, rows_from_view
 from nbckpt.widgets.text import render_text
 from nbckpt.widgets.timeline import plot_timeline
+from tests.journal_scripts import SAVE, write_script
 
 SCALE = Path(__file__).resolve().parent.parent / "benchmarks" / "scale.py"
 
@@ -278,3 +280,19 @@ def test_the_figure_of_many_processes_draws_lanes_for_the_few_that_matter(tmp_pa
     labels = [t.get_text() for t in ax.get_yticklabels()]
     assert labels == [f"process {p}" for p in range(30, 38)]
     assert "30 of 40 at barrier:write_complete" in ax.get_title(loc="left")
+
+
+def test_the_route_of_many_processes_answers_the_whole_and_opens_one_on_request(tmp_path):
+    _forty(tmp_path / "root")
+    manager = CheckpointManager(tmp_path)
+    answer = manager.operation("root", "op")
+    assert answer["summary"]["headline"].startswith("30 of 40 at barrier:write_complete")
+    assert sorted(answer["processes"]) == sorted(answer["view"]["processes"])
+    assert sorted(map(int, answer["processes"])) == list(range(30, 38))
+    opened = manager.operation("root", "op", "3")
+    assert "3" in opened["processes"] and "3" in opened["view"]["processes"]
+    with pytest.raises(BadRequestError, match="not a process index"):
+        manager.operation("root", "op", "three")
+    small = CheckpointManager(tmp_path).operation
+    write_script(tmp_path / "two", "op", SAVE)
+    assert small("two", "op")["summary"] is None

@@ -226,6 +226,8 @@ export interface IOperationAnswer extends IOperationRecord {
   /** How lists name it: its kind, then a barrier's name or the step. */
   label: string;
   view: ITimelineView;
+  /** Above 16 processes, the job as a whole; the journal and `view` then hold the processes that matter only (and the one asked for with `?process=`). */
+  summary: IJobSummaryView | null;
 }
 
 /** One entry of a checkpoint root. */

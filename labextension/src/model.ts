@@ -295,12 +295,20 @@ export class CheckpointsModel {
     }
   }
 
-  /** Fetch one operation's merged journal, with the protocol's names to draw it. */
-  async operation(op: string): Promise<[IOperation, IProtocol]> {
+  /**
+   * Fetch one operation's merged journal, with the protocol's names to draw it. Of a
+   * job of many processes the server sends those that matter; `process` adds one.
+   */
+  async operation(
+    op: string,
+    process?: number
+  ): Promise<[IOperation, IProtocol]> {
+    const query: Record<string, string> = { root: this._root ?? '' };
+    if (process !== undefined) {
+      query.process = String(process);
+    }
     const [data, protocol] = await Promise.all([
-      requestAPI<IOperation>(`operations/${encodeURIComponent(op)}`, {
-        root: this._root ?? ''
-      }),
+      requestAPI<IOperation>(`operations/${encodeURIComponent(op)}`, query),
       loadProtocol()
     ]);
     this._protocol = protocol;

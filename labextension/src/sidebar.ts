@@ -10,6 +10,8 @@ import {
   IOperationSummary
 } from './model';
 import { IProtocol } from './protocol';
+import { el } from './dom';
+import { renderSummary } from './summary';
 import { renderLegend, renderTimeline } from './timeline';
 
 /** Format a byte count the way people read it. */
@@ -39,19 +41,6 @@ export function formatTime(seconds: number | null): string {
   }
   const day = date.toLocaleDateString([], { month: 'short', day: 'numeric' });
   return `${day} ${clock}`;
-}
-
-function el<K extends keyof HTMLElementTagNameMap>(
-  tag: K,
-  className: string,
-  text?: string
-): HTMLElementTagNameMap[K] {
-  const node = document.createElement(tag);
-  node.className = className;
-  if (text !== undefined) {
-    node.textContent = text;
-  }
-  return node;
 }
 
 function badge(state: string): HTMLSpanElement {
@@ -147,10 +136,17 @@ export class CheckpointsPanel extends Widget {
     this._roots.open = open;
   }
 
-  /** Load and draw one operation's timeline. */
-  async showOperation(op: string): Promise<void> {
+  /**
+   * Load and draw one operation's timeline; of a job of many processes, with the
+   * lanes of `process` too.
+   */
+  async showOperation(op: string, process?: number): Promise<void> {
     if (this._selected !== op) {
       this._shown = null;
+      this._asked = undefined;
+    }
+    if (process !== undefined) {
+      this._asked = process;
     }
     this._selected = op;
     this._highlight();
@@ -159,7 +155,7 @@ export class CheckpointsPanel extends Widget {
     let data: IOperation;
     let protocol: IProtocol;
     try {
-      [data, protocol] = await this.model.operation(op);
+      [data, protocol] = await this.model.operation(op, this._asked);
     } catch (reason) {
       if (generation === this.model.generation && this._selected === op) {
         this._timeline.replaceChildren(
@@ -460,18 +456,26 @@ export class CheckpointsPanel extends Widget {
       }
     }
     const seen = Object.keys(op.processes).length;
+    // Of a job of many processes only some are sent: the summary speaks for the rest.
     const missing =
-      seen < op.process_count
+      op.summary === null && seen < op.process_count
         ? el(
             'div',
             'nbckpt-error',
             `${op.process_count - seen} of ${op.process_count} processes left no journal`
           )
         : el('div', '');
+    const whole = el('div', 'nbckpt-summary');
+    if (op.summary === null) {
+      whole.hidden = true;
+    } else {
+      whole.append(...renderSummary(op.summary), this._processPicker(op));
+    }
     this._timeline.replaceChildren(
       el('h3', 'nbckpt-heading', 'Timeline'),
       title,
       el('div', 'nbckpt-timeline-id', op.op),
+      whole,
       renderTimeline(
         op,
         protocol,
@@ -482,6 +486,28 @@ export class CheckpointsPanel extends Widget {
       missing,
       errors
     );
+  }
+
+  /** A job of many processes: a field that adds one process's lanes to the drawing. */
+  private _processPicker(op: IOperation): HTMLFormElement {
+    const form = el('form', 'nbckpt-process-picker');
+    const input = el('input', 'nbckpt-process-input');
+    input.type = 'number';
+    input.min = '0';
+    input.max = String(op.process_count - 1);
+    input.placeholder = 'process';
+    input.title = "Add this process's lanes to the timeline";
+    const button = el('button', 'nbckpt-process-open', 'Show its lanes');
+    button.type = 'submit';
+    form.append(input, button);
+    form.addEventListener('submit', event => {
+      event.preventDefault();
+      const asked = Number(input.value);
+      if (input.value !== '' && Number.isInteger(asked)) {
+        void this.showOperation(op.op, asked);
+      }
+    });
+    return form;
   }
 
   private _input: HTMLInputElement;
@@ -495,4 +521,6 @@ export class CheckpointsPanel extends Widget {
   private _selected: string | null = null;
   private _stale = false;
   private _shown: [IOperation, IProtocol] | null = null;
+  /** The process whose lanes were asked for, in the selected operation. */
+  private _asked: number | undefined = undefined;
 }

@@ -143,6 +143,9 @@ class OperationAnswer(TypedDict):
     #: How lists name it: its kind, then a barrier's name or the step.
     label: str
     view: TimelineView
+    #: Above 16 processes, the job as a whole; the journal and ``view`` then hold the
+    #: processes that matter only (and the one asked for with ``?process=``).
+    summary: JobSummaryView | None
 
 
 # -- the sidebar's lists -------------------------------------------------------------

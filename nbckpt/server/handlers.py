@@ -72,12 +72,15 @@ class OperationsHandler(_BaseHandler):
 
 
 class OperationHandler(_BaseHandler):
-    """``GET /nbckpt/api/operations/<op>?root=R``: one operation's merged journal."""
+    """``GET /nbckpt/api/operations/<op>?root=R[&process=P]``: one operation's merged journal.
+
+    Of a job of many processes, the processes that matter, and ``P`` if asked for.
+    """
 
     @tornado.web.authenticated
     async def get(self, op: str) -> None:
         """Answer with :meth:`CheckpointManager.operation`."""
-        await self._answer(self.manager.operation, op)
+        await self._answer(self.manager.operation, op, self.get_query_argument("process", None))
 
 
 class RootsHandler(_BaseHandler):

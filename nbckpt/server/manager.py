@@ -255,8 +255,11 @@ class CheckpointManager:
         ]
         return {"root": self.relative(real), "time": time.time(), "operations": ops}
 
-    def operation(self, root: str | None, op: str) -> dict[str, Any]:
+    def operation(self, root: str | None, op: str, process: str | None = None) -> dict[str, Any]:
         """Return one operation's merged journal and its timeline's decisions.
+
+        Of a job of many processes, only the processes that matter, and ``process``
+        (an index, from the query) when asked for.
 
         See :func:`nbckpt.views.answers.operation_answer`: per process, per phase,
         start and end, and ``view`` (:func:`nbckpt.views.timeline.timeline_view`).
@@ -264,7 +267,7 @@ class CheckpointManager:
         Raises
         ------
         BadRequestError
-            If ``op`` is not a plain operation id.
+            If ``op`` is not a plain operation id, or ``process`` not an integer.
         NotFoundError
             If the root has no journal for ``op``.
         """
@@ -276,7 +279,11 @@ class CheckpointManager:
             raise ForbiddenPathError(f"operation {op!r} links outside the server's root")
         if not folder.is_dir():
             raise NotFoundError(f"no operation {op!r} under {self.relative(real)!r}")
-        return operation_answer(read_operation(real, op), self.relative(real), time.time())
+        try:
+            asked = None if process is None else int(process)
+        except ValueError:
+            raise BadRequestError(f"process={process!r} is not a process index") from None
+        return operation_answer(read_operation(real, op), self.relative(real), time.time(), asked)
 
     # -- which roots to offer, and what runs in them ----------------------------------
 

@@ -11,15 +11,24 @@ Shapes: :mod:`nbckpt.protocol.views`, and :class:`Checkpoints` here.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, TypedDict, cast
 
 from nbckpt.formats.inventory import STATES, Entry, State
 from nbckpt.journal import OperationRecord, list_operations, read_operation
 from nbckpt.protocol import ORBAX_FORMAT, Kind, Status, parse_op_id
-from nbckpt.protocol.views import ActivityOp, EntryAnswer, OperationSummary, PreemptionNotice
+from nbckpt.protocol.views import (
+    ActivityOp,
+    EntryAnswer,
+    JobSummaryView,
+    OperationSummary,
+    PreemptionNotice,
+)
 from nbckpt.storage import Location
-from nbckpt.views.timeline import preempted, tiered, timeline_view
+from nbckpt.views.aggregate import AGGREGATE_ABOVE, summarize, summary_view
+from nbckpt.views.monitor import view_state
+from nbckpt.views.timeline import everyone_of, preempted, tiered, timeline_view
 
 __all__ = [
     "Checkpoints",
@@ -102,14 +111,32 @@ def operation_summary(rec: OperationRecord) -> OperationSummary:
     }
 
 
-def operation_answer(rec: OperationRecord, root: str, now: float) -> dict[str, Any]:
-    """The merged journal with its timeline's decisions (``OperationAnswer``)."""
-    data = rec.to_dict()
+def operation_answer(
+    rec: OperationRecord, root: str, now: float, process: int | None = None
+) -> dict[str, Any]:
+    """The merged journal with its timeline's decisions (``OperationAnswer``).
+
+    Above :data:`~nbckpt.views.aggregate.AGGREGATE_ABOVE` processes, ``summary`` is
+    the job as a whole, and the journal and the timeline's decisions are those of the
+    processes that matter only (the summary's ``notable``), with ``process`` added
+    when asked for: a sidebar opens one process's lanes that way.
+    """
+    view = timeline_view(rec)
+    summary: JobSummaryView | None = None
+    shown = rec
+    if len(everyone_of(rec)) > AGGREGATE_ABOVE:
+        summary = summary_view(summarize(view_state(rec)))
+        keep = {*summary["notable"], *([process] if process is not None else [])}
+        shown = replace(rec, processes={p: r for p, r in rec.processes.items() if p in keep})
+        lanes = {k: v for k, v in view["processes"].items() if int(k) in keep}
+        view = {**view, "processes": lanes}
+    data = shown.to_dict()
     data.update(
         root=root,
         time=now,
         label=op_label(rec.kind, rec.step, rec.name, rec.preemption, rec.tier),
-        view=timeline_view(rec),
+        view=view,
+        summary=summary,
     )
     return data
 

@@ -31,6 +31,7 @@ from nbckpt.protocol import barrier_op_id, new_op_id
 from nbckpt.session.cluster import JaxCluster
 from tests.browser.labserver import ARTIFACTS, REPO, lab_page, run_command, running_lab
 from tests.ckpt_fixtures import journal, write_step
+from tests.journal_scripts import many_save, write_script
 
 pytestmark = [pytest.mark.browser, pytest.mark.multihost]
 
@@ -40,6 +41,9 @@ ENV = {"PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", ""
 NESTED = "notebooks/run-a"
 SAVE_A = new_op_id("save", 5)
 BARRIER_A = barrier_op_id("4c93ac533cb54f60", "after-save")
+#: A root with one save of 1,024 processes, process 17 two seconds late (scripted).
+MANY = "many"
+SAVE_MANY = new_op_id("save", 7)
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +72,7 @@ def server_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_step(nested, 5, op=SAVE_A)
     journal(nested, BARRIER_A, 0, kind="barrier", t0=time.time())
     (server_root / "notebooks" / "data" / "2024").mkdir(parents=True)  # no root
+    write_script(server_root / MANY, SAVE_MANY, many_save())
     return server_root
 
 
@@ -318,6 +323,40 @@ def test_switching_root_clears_the_timeline_and_drops_late_answers(lab: Lab) -> 
         page.wait_for_timeout(1500)  # the late answer arrives, and must be dropped
         expect(timeline.locator("*")).to_have_count(0)
         expect(sidebar.locator(".nbckpt-op.nbckpt-selected")).to_have_count(0)
+
+
+def test_a_job_of_many_processes_is_shown_as_a_whole(lab: Lab) -> None:
+    """1,024 processes: the summary, 8 lanes (the straggler first), one more on request."""
+    from playwright.sync_api import expect
+
+    with lab_page(lab.url("many")) as page:
+        sidebar = _open_sidebar(page)
+        _open_root(sidebar, MANY)
+        sidebar.locator(f".nbckpt-op[data-op='{SAVE_MANY}']").click()
+        timeline = sidebar.locator(".nbckpt-timeline-section")
+        headline = timeline.locator(".nbckpt-summary-headline")
+        expect(headline).to_have_text("1,024 of 1,024 committed")
+        expect(timeline.locator(".nbckpt-summary-spread")).to_have_count(3)
+        expect(timeline.locator(".nbckpt-summary-spread").first).to_contain_text("last: 17")
+        rows = timeline.locator(".nbckpt-timeline-row")
+        expect(rows).to_have_count(8)
+        expect(rows.first).to_have_attribute("data-process", "17")
+        # Only the summary speaks for the processes not drawn: no "left no journal".
+        expect(timeline.locator(".nbckpt-error")).to_have_count(0)
+        rows.last.scroll_into_view_if_needed()
+        sidebar.screenshot(path=ARTIFACTS / "lab_timeline_many_light.png")
+        timeline.locator(".nbckpt-process-input").fill("5")
+        timeline.locator(".nbckpt-process-open").click()
+        expect(rows).to_have_count(9)
+        expect(timeline.locator(".nbckpt-timeline-row[data-process='5']")).to_have_count(1)
+        run_command(page, "Use Theme: JupyterLab Dark")
+        expect(page.locator("body")).to_have_attribute("data-jp-theme-light", "false")
+        expect(page.locator("#jupyterlab-splash")).to_have_count(0, timeout=30_000)
+        expect(rows).to_have_count(9)
+        rows.last.scroll_into_view_if_needed()
+        page.wait_for_timeout(300)
+        sidebar.screenshot(path=ARTIFACTS / "lab_timeline_many_dark.png")
+        run_command(page, "Use Theme: JupyterLab Light")
 
 
 def test_barriers_are_listed_by_name(lab: Lab) -> None:

@@ -189,14 +189,16 @@ def test_scripted_widgets_look_as_their_references(scripted_lab: tuple[str, str]
         expect(failed.locator(".nbckpt-w-error")).to_have_count(2)
         # 1,024 processes: the job as a whole, the straggler first among 8 rows and lanes.
         many = page.locator(".nbckpt-w[data-op='many']")
-        expect(many.locator(".nbckpt-w-headline")).to_have_text("1,024 of 1,024 committed")
-        expect(many.locator(".nbckpt-w-spread")).to_have_count(3)
-        spread = many.locator(".nbckpt-w-spread[data-name='tmp_ready'] .nbckpt-w-spread-text")
+        expect(many.locator(".nbckpt-summary-headline")).to_have_text("1,024 of 1,024 committed")
+        expect(many.locator(".nbckpt-summary-spread")).to_have_count(3)
+        spread = many.locator(
+            ".nbckpt-summary-spread[data-name='tmp_ready'] .nbckpt-summary-spread-text"
+        )
         expect(spread).to_contain_text("last: 17 (+2,017\u00a0ms)")
-        expect(many.locator(".nbckpt-w-hist").first.locator("rect")).not_to_have_count(0)
+        expect(many.locator(".nbckpt-summary-hist").first.locator("rect")).not_to_have_count(0)
         expect(many.locator("tr.nbckpt-w-row").first).to_have_attribute("data-process", "17")
         expect(many.locator("svg .nbckpt-timeline-row")).to_have_count(8)
-        expect(committed.locator(".nbckpt-w-summary")).to_be_hidden()
+        expect(committed.locator(".nbckpt-summary")).to_be_hidden()
 
         for op in SCRIPTED:
             page.set_viewport_size({**NARROW, "height": TALL if op == "many" else 1000})

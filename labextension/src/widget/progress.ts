@@ -14,11 +14,9 @@
  * (`style/widget.css`, with the shared palette and timeline rules) into
  * `nbckpt/widgets/static/progress.css`.
  */
-import type {
-  IBarrierSummary,
-  IJobSummaryView,
-  IRow
-} from '../../generated/nbckpt';
+import type { IJobSummaryView, IRow } from '../../generated/nbckpt';
+import { breakable, el } from '../dom';
+import { renderSummary } from '../summary';
 import {
   ITimelineNames,
   ITimelineOperation,
@@ -70,35 +68,6 @@ const HEADERS = [
 const TICK_MS = 500;
 /** Open spans stop growing this long after the last update (a silent, dead run). */
 const GROW_LIMIT_S = 60;
-
-function el<K extends keyof HTMLElementTagNameMap>(
-  tag: K,
-  className?: string,
-  text?: unknown
-): HTMLElementTagNameMap[K] {
-  const node = document.createElement(tag);
-  if (className) {
-    node.className = className;
-  }
-  if (text instanceof Node) {
-    node.append(text);
-  } else if (text !== undefined && text !== null) {
-    node.textContent = String(text);
-  }
-  return node;
-}
-
-/**
- * Text with a line-break opportunity after each `:` and `_`, so that long protocol
- * names (a barrier wait: prefix, colon, barrier name) wrap in a narrow notebook rather than widen it.
- */
-function breakable(text: string): DocumentFragment {
-  const out = document.createDocumentFragment();
-  for (const part of text.split(/(?<=[:_])/)) {
-    out.append(part, document.createElement('wbr'));
-  }
-  return out;
-}
 
 function drawRow(table: HTMLTableElement, r: IRow): void {
   const tr = el('tr', `nbckpt-w-row nbckpt-w-${r.status}`);
@@ -163,69 +132,6 @@ function drawHead(model: IModel, head: HTMLElement): void {
   );
 }
 
-const SVG = 'http://www.w3.org/2000/svg';
-
-/** A barrier's arrivals per slice of time, as bars (the counts come from Python). */
-function histogram(b: IBarrierSummary): SVGSVGElement {
-  const width = 120;
-  const height = 18;
-  const svg = document.createElementNS(SVG, 'svg');
-  svg.setAttribute('class', 'nbckpt-w-hist');
-  svg.setAttribute('width', String(width));
-  svg.setAttribute('height', String(height));
-  const most = Math.max(1, ...b.histogram);
-  const step = width / Math.max(1, b.histogram.length);
-  b.histogram.forEach((count, i) => {
-    if (count === 0) {
-      return;
-    }
-    // Log-scaled, at least 3 px: one straggler among a thousand must show.
-    const h = Math.max(
-      3,
-      Math.round((height * Math.log1p(count)) / Math.log1p(most))
-    );
-    const bar = document.createElementNS(SVG, 'rect');
-    bar.setAttribute('x', String(i * step));
-    bar.setAttribute('y', String(height - h));
-    bar.setAttribute('width', String(Math.max(1, step - 1)));
-    bar.setAttribute('height', String(h));
-    svg.append(bar);
-  });
-  const title = document.createElementNS(SVG, 'title');
-  title.textContent = `${b.name}: arrivals over ${Math.round(b.last_ms)} ms`;
-  svg.append(title);
-  return svg;
-}
-
-function ms(value: number): string {
-  return `${Math.round(value).toLocaleString('en-US')}\u00a0ms`;
-}
-
-/** One barrier across the job: its spread, and who came last or has not come. */
-function drawSpread(b: IBarrierSummary): HTMLElement {
-  const line = el('div', 'nbckpt-w-spread');
-  line.dataset.name = b.name;
-  line.append(
-    el('span', 'nbckpt-w-spread-name', breakable(b.name)),
-    histogram(b)
-  );
-  const parts = [
-    `${b.arrived.toLocaleString('en-US')} arrived, ${b.released.toLocaleString('en-US')} released`,
-    `over ${ms(b.last_ms)} (median +${ms(b.median_ms)}, 90% +${ms(b.p90_ms)})`
-  ];
-  if (b.missing_count > 0) {
-    const more = b.missing_count - b.missing.length;
-    parts.push(
-      `waiting for ${b.missing.join(', ')}${more > 0 ? ` and ${more.toLocaleString('en-US')} more` : ''}`
-    );
-  } else if (b.slowest.length > 0) {
-    const last = b.slowest.slice(0, 3).map(a => `${a.process} (+${ms(a.ms)})`);
-    parts.push(`last: ${last.join(', ')}`);
-  }
-  line.append(el('span', 'nbckpt-w-spread-text', parts.join('; ')));
-  return line;
-}
-
 /** The job as a whole (a job of many processes), or nothing. */
 function drawSummary(model: IModel, box: HTMLElement): void {
   const summary = model.get('summary') || {};
@@ -235,23 +141,7 @@ function drawSummary(model: IModel, box: HTMLElement): void {
     return;
   }
   box.hidden = false;
-  const headline = el('div', 'nbckpt-w-headline', summary.headline);
-  headline.dataset.failed = String(Boolean(summary.failure));
-  const phases = el('div', 'nbckpt-w-phases');
-  for (const p of summary.phases ?? []) {
-    const chip = el('span', 'nbckpt-w-phase-count');
-    chip.append(breakable(p.phase), ` ${p.count.toLocaleString('en-US')}`);
-    phases.append(chip);
-  }
-  const spreads = (summary.barriers ?? []).map(drawSpread);
-  const shown = (summary.notable ?? []).length;
-  const total = (summary.process_count ?? 0).toLocaleString('en-US');
-  const note = el(
-    'div',
-    'nbckpt-w-note',
-    `rows below: ${shown} of ${total} processes (the culprits, the missing and the slowest)`
-  );
-  box.replaceChildren(headline, phases, ...spreads, note);
+  box.replaceChildren(...renderSummary(summary as IJobSummaryView));
 }
 
 /** The table of rows, in a box that scrolls sideways only if nothing else fits. */
@@ -316,7 +206,7 @@ function drawTimeline(model: IModel, box: HTMLElement, grownS: number): void {
 function render({ model, el: root }: IRenderProps): () => void {
   const frame = el('div', 'nbckpt-w');
   const head = el('div', 'nbckpt-w-head');
-  const whole = el('div', 'nbckpt-w-summary');
+  const whole = el('div', 'nbckpt-summary');
   whole.hidden = true;
   const chart = el('div', 'nbckpt-w-timeline');
   const scroll = el('div', 'nbckpt-w-scroll');
