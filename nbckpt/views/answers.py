@@ -121,15 +121,14 @@ def operation_answer(
     processes that matter only (the summary's ``notable``), with ``process`` added
     when asked for: a sidebar opens one process's lanes that way.
     """
-    view = timeline_view(rec)
     summary: JobSummaryView | None = None
     shown = rec
+    keep: set[int] | None = None
     if len(everyone_of(rec)) > AGGREGATE_ABOVE:
         summary = summary_view(summarize(view_state(rec)))
         keep = {*summary["notable"], *([process] if process is not None else [])}
         shown = replace(rec, processes={p: r for p, r in rec.processes.items() if p in keep})
-        lanes = {k: v for k, v in view["processes"].items() if int(k) in keep}
-        view = {**view, "processes": lanes}
+    view = timeline_view(rec, keep)
     data = shown.to_dict()
     data.update(
         root=root,

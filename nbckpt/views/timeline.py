@@ -10,6 +10,7 @@ sentence), where its failure mark goes, and whom each barrier wait waited for.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterable
 from typing import Any
 
 from nbckpt.journal import OperationRecord, PhaseSpan, ProcessRecord
@@ -213,7 +214,7 @@ def everyone_of(record: OperationRecord) -> list[int]:
     return sorted(set(range(record.process_count)) | set(record.processes) | set(record.dead))
 
 
-def timeline_view(record: OperationRecord) -> TimelineView:
+def timeline_view(record: OperationRecord, only: Iterable[int] | None = None) -> TimelineView:
     """The decisions a drawing of ``record`` takes, as data for the TypeScript side.
 
     Returns
@@ -222,12 +223,15 @@ def timeline_view(record: OperationRecord) -> TimelineView:
         ``commit_time`` (:func:`commit_time`), ``latest`` (:func:`latest_time`), and
         for every process (:func:`everyone_of`, keyed by its index as a string) its
         ``failure`` (:func:`failure_note`), ``failed_at`` and ``waits``
-        (:func:`barrier_wait` of each barrier span, by phase name).
+        (:func:`barrier_wait` of each barrier span, by phase name). With ``only``,
+        the drawings of those processes alone (their waits still count everyone).
     """
     everyone = everyone_of(record)
     processes: dict[str, ProcessDrawing] = {}
     entries: dict[str, BarrierEntries] = {}
-    for p in everyone:
+    wanted = None if only is None else set(only)
+    drawn = everyone if wanted is None else [p for p in everyone if p in wanted]
+    for p in drawn:
         proc = record.processes.get(p)
         failure = failure_note(record, p)
         waits: dict[str, BarrierWait] = {}

@@ -10,6 +10,7 @@ in ``labextension/``); its CSS, ``static/progress.css``, is built from
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -177,14 +178,40 @@ def timeline_of(record: OperationRecord, only: list[int] | None = None) -> dict[
     (:func:`nbckpt.views.timeline.timeline_view`), as the server sends them. With
     ``only``, only those processes' lanes.
     """
-    d = record.to_dict(events=False)
-    d["view"] = timeline_view(record)
-    if only is not None:
+    if only is None:
+        d = record.to_dict(events=False)
+    else:
         # A job of many processes: only the lanes of the processes that keep a row.
-        keep = {str(p) for p in only}
-        d["processes"] = {k: v for k, v in d["processes"].items() if k in keep}
-        d["view"]["processes"] = {k: v for k, v in d["view"]["processes"].items() if k in keep}
+        keep = set(only)
+        shown = {p: r for p, r in record.processes.items() if p in keep}
+        d = replace(record, processes=shown).to_dict(events=False)
+    d["view"] = timeline_view(record, only)
     return d
+
+
+def widget_model(view: OperationView) -> dict[str, Any]:
+    """The widget's traits but its timeline, and whose lanes the timeline draws.
+
+    ``op``, ``title``, ``status``, ``rows``, ``summary``; and ``only``, the processes
+    whose lanes the timeline draws (None: all). Above
+    :data:`~nbckpt.views.aggregate.AGGREGATE_ABOVE` processes, the summary and the
+    rows and lanes of the processes that matter; else every row and no summary.
+    """
+    rows = rows_from_view(view)
+    only: list[int] | None = None
+    summary: dict[str, Any] = {}
+    if len(view.processes) > AGGREGATE_ABOVE:
+        job = summary_view(summarize(view))
+        summary, only = dict(job), job["notable"]
+        rows = [r for r in rows if r["process"] in only]
+    return {
+        "op": view.op,
+        "title": title_of(view),
+        "status": view.status,
+        "rows": rows,
+        "summary": summary,
+        "only": only,
+    }
 
 
 def title_of(view: OperationView) -> str:
@@ -266,21 +293,8 @@ class ProgressWidget(anywidget.AnyWidget):
         bool
             Whether anything changed.
         """
-        rows = rows_from_view(view)
-        only: list[int] | None = None
-        summary: dict[str, Any] = {}
-        if len(view.processes) > AGGREGATE_ABOVE:
-            # A job of many processes: the whole, and a row for those that matter.
-            job = summary_view(summarize(view))
-            summary, only = dict(job), job["notable"]
-            rows = [r for r in rows if r["process"] in only]
-        new = {
-            "op": view.op,
-            "title": title_of(view),
-            "status": view.status,
-            "rows": rows,
-            "summary": summary,
-        }
+        new = widget_model(view)
+        only = new.pop("only")
         changed: dict[str, Any] = {k: v for k, v in new.items() if getattr(self, k) != v}
         if record is not None:
             timeline = timeline_of(record, only)
