@@ -96,7 +96,8 @@ class InspectionMagics(MagicsBase):
 
         The journal is the source of truth, so this works after a kernel restart
         (pass --dir then). A running operation keeps updating by itself. Without
-        widgets, prints one text progress line per process.
+        widgets, prints one text progress line per process. Above 16 processes, both
+        show the job as a whole and only the processes that matter.
         """
         args = a.parse_show_args(line)
         self._show(args.op, args.directory)
@@ -127,6 +128,9 @@ class InspectionMagics(MagicsBase):
     @a.TIMELINE
     def ckpt_timeline(self, line: str) -> Any:
         """Draw one operation as a matplotlib figure: a row per process, its phases.
+
+        Above 16 processes, rows for the processes that matter only (the culprits, the
+        missing, the slowest), with the job summed up under the title.
 
         Barrier waits are hatched with a line where each barrier released; the blocking
         snapshot is shaded apart from the background write; a failed process's last
