@@ -296,3 +296,18 @@ def test_the_route_of_many_processes_answers_the_whole_and_opens_one_on_request(
     small = CheckpointManager(tmp_path).operation
     write_script(tmp_path / "two", "op", SAVE)
     assert small("two", "op")["summary"] is None
+
+
+@pytest.mark.multihost
+def test_a_simulation_that_fails_to_start_leaves_no_worker_behind(tmp_path, monkeypatch):
+    sim = Simulation(2, tmp_path / "root", per_worker=1)
+    started: list = []
+
+    def fail(command, timeout_s=600):
+        started.extend(sim._procs)
+        raise RuntimeError("the workers did not connect")
+
+    monkeypatch.setattr(sim, "_all", fail)
+    with pytest.raises(RuntimeError, match="did not connect"):
+        sim.start()
+    assert len(started) == 2 and all(p.poll() is not None for p in started)

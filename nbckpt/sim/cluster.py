@@ -191,7 +191,17 @@ class Simulation:
         return out
 
     def start(self) -> None:
-        """Start the workers (worker 0 hosts the service), connect, start heartbeats."""
+        """Start the workers (worker 0 hosts the service), connect, start heartbeats.
+
+        If any of it fails, every worker started is stopped before the error is raised.
+        """
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         self._listener = Listener(("127.0.0.1", 0), authkey=self._authkey)
         self._spawn(0)  # the service first: the other clients dial it

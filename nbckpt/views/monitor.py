@@ -10,9 +10,9 @@ missing, finalize, commit, error). The widget, the terminal progress and
 
 from __future__ import annotations
 
-import bisect
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -26,13 +26,14 @@ from nbckpt.protocol import (
     Kind,
     Phase,
     Status,
+    barrier_phase,
 )
 from nbckpt.protocol.views import PreemptionNotice
 from nbckpt.session import reads
 from nbckpt.storage import Location
 from nbckpt.views.naming import NAMED, listing
 from nbckpt.views.phases import phase_after
-from nbckpt.views.timeline import LOCAL_READ, everyone_of, local_read_note
+from nbckpt.views.timeline import LOCAL_READ, BarrierEntries, everyone_of, local_read_note
 
 __all__ = [
     "BarrierView",
@@ -188,38 +189,10 @@ def _who(processes: list[int]) -> str:
     return named + listing(processes[:NAMED], len(processes))
 
 
-class _Arrivals:
-    """Who entered each barrier, and when: sorted once, then looked up per process.
-
-    One pass over every process per process was what made a view of a thousand
-    processes take seconds.
-    """
-
-    def __init__(self, entered: dict[str, dict[int, float]], everyone: list[int]) -> None:
-        self._order = {n: sorted((t, p) for p, t in ps.items()) for n, ps in entered.items()}
-        self._times = {n: [t for t, _ in order] for n, order in self._order.items()}
-        self._entered = entered
-        self._everyone = everyone
-        self._missing: dict[str, list[int]] = {}
-
-    def missing(self, name: str) -> list[int]:
-        """The processes that have not entered barrier ``name``."""
-        if name not in self._missing:
-            arrived = self._entered.get(name, {})
-            self._missing[name] = [p for p in self._everyone if p not in arrived]
-        return self._missing[name]
-
-    def after(self, name: str, t: float) -> tuple[list[int], int]:
-        """The last to enter ``name`` after ``t`` (named ones, by index), and how many."""
-        order = self._order.get(name, [])
-        later = order[bisect.bisect_right(self._times.get(name, []), t) :]
-        return sorted(p for _, p in later[-NAMED:]), len(later)
-
-
 def _process_view(
     rec: ProcessRecord,
     kind: str,
-    arrivals: _Arrivals,
+    entries: Callable[[str], BarrierEntries],
     primary: int | None,
 ) -> ProcessView:
     view = ProcessView(process=rec.process, phase=Status.NOT_STARTED, status=rec.status)
@@ -231,8 +204,9 @@ def _process_view(
     for ev in _events_at(rec, Event.BARRIER_ENTER):
         name, t = str(ev.get("name")), float(ev["t"])
         released = exits.get(name)
-        waiting = [] if released is not None else arrivals.missing(name)
-        later, n_later = arrivals.after(name, t)
+        at = entries(name)
+        waiting = [] if released is not None else at.missing
+        later, n_later = at.late(t, missing=False)
         view.barriers.append(
             BarrierView(name, t, released, waiting[:NAMED], later, len(waiting), n_later)
         )
@@ -298,15 +272,20 @@ def view_state(record: OperationRecord) -> OperationView:
         ``note``; a save's process with nothing of its own to write says so there.
     """
     everyone = everyone_of(record)
-    entered: dict[str, dict[int, float]] = {}
     primary: int | None = None
-    for p, rec in record.processes.items():
-        for ev in _events_at(rec, Event.BARRIER_ENTER):
-            entered.setdefault(str(ev.get("name")), {})[p] = float(ev["t"])
+    for rec in record.processes.values():
         for ev in _events_at(rec, Event.REQUESTED):
             if isinstance(ev.get("primary"), int):
                 primary = int(ev["primary"])
-    arrivals = _Arrivals(entered, everyone)
+    # Each barrier's entries are sorted once, then looked up per process: one pass over
+    # every process per process made a view of a thousand processes take seconds.
+    found_entries: dict[str, BarrierEntries] = {}
+
+    def entries(name: str) -> BarrierEntries:
+        if name not in found_entries:
+            found_entries[name] = BarrierEntries(record, barrier_phase(name), everyone)
+        return found_entries[name]
+
     views = []
     for p in everyone:
         found = record.processes.get(p)
@@ -317,7 +296,7 @@ def view_state(record: OperationRecord) -> OperationView:
                 view.dead_reported_by = _reporters_of(record, p)
             views.append(view)
         else:
-            views.append(_process_view(found, record.kind, arrivals, primary))
+            views.append(_process_view(found, record.kind, entries, primary))
     _end_with_the_service(record, views)
     writers = [v.process for v in views if v.bytes_total > 0]
     for v in views:
