@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from nbckpt.protocol import Status
 from nbckpt.protocol.views import BarrierSummary, JobSummaryView
-from nbckpt.views.monitor import OperationView, ProcessView
+from nbckpt.views.monitor import BarrierView, OperationView, ProcessView
 from nbckpt.views.naming import NAMED, listing
 
 __all__ = [
@@ -44,7 +44,7 @@ class BarrierSpread:
         The barrier's name.
     arrived, released
         How many processes entered it, and how many left it.
-    first_ms, median_ms, p90_ms, last_ms
+    median_ms, p90_ms, last_ms
         Arrival times after the first arrival: the spread of the arrivals.
     slowest
         The last processes to arrive, latest first, each with its arrival in ms after
@@ -58,7 +58,6 @@ class BarrierSpread:
     name: str
     arrived: int
     released: int
-    first_ms: float
     median_ms: float
     p90_ms: float
     last_ms: float
@@ -82,25 +81,23 @@ class JobSummary:
     notable: list[int]
 
 
-def _spread(name: str, views: list[ProcessView], everyone: int) -> BarrierSpread:
-    arrivals = sorted((b.arrived, p.process) for p in views for b in p.barriers if b.name == name)
-    released = sum(1 for p in views for b in p.barriers if b.name == name and b.released)
+def _spread(name: str, at: list[tuple[int, BarrierView]]) -> BarrierSpread:
+    """Barrier ``name`` across the job, from each process's view of it."""
+    arrivals = sorted((b.arrived, p) for p, b in at)
     t0 = arrivals[0][0]
     ms = [(t - t0) * 1e3 for t, _ in arrivals]
-    waiting = [b for p in views for b in p.barriers if b.name == name and b.released is None]
-    missing = waiting[0].waiting_for if waiting else []
-    count = waiting[0].waiting_count if waiting else 0
+    # Every process still waiting sees the same processes missing.
+    waiting = next((b for _, b in at if b.released is None), None)
     return BarrierSpread(
         name=name,
         arrived=len(arrivals),
-        released=released,
-        first_ms=0.0,
+        released=sum(1 for _, b in at if b.released),
         median_ms=statistics.median(ms),
         p90_ms=ms[min(len(ms) - 1, int(0.9 * len(ms)))],
         last_ms=ms[-1],
-        slowest=[(p, (t - t0) * 1e3) for t, p in reversed(arrivals[-NAMED:])],
-        missing=list(missing),
-        missing_count=count,
+        slowest=[(p, m) for (_, p), m in zip(arrivals[-NAMED:][::-1], ms[::-1], strict=False)],
+        missing=list(waiting.waiting_for) if waiting else [],
+        missing_count=waiting.waiting_count if waiting else 0,
         histogram=_histogram(ms),
     )
 
@@ -139,8 +136,12 @@ def summarize(view: OperationView) -> JobSummary:
     n = len(views)
     phases = Counter(p.phase for p in views)
     order = list(dict.fromkeys(p.phase for p in views))
-    names = list(dict.fromkeys(b.name for p in views for b in p.barriers))
-    barriers = [_spread(name, views, n) for name in names]
+    # One pass over every process's barriers, grouped by name in the order first met.
+    at: dict[str, list[tuple[int, BarrierView]]] = {}
+    for p in views:
+        for b in p.barriers:
+            at.setdefault(b.name, []).append((p.process, b))
+    barriers = [_spread(name, found) for name, found in at.items()]
     failure, involved = _failure(views)
     if failure is not None:
         headline = failure
