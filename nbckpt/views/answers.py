@@ -11,7 +11,6 @@ Shapes: :mod:`nbckpt.protocol.views`, and :class:`Checkpoints` here.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, TypedDict, cast
 
@@ -28,7 +27,7 @@ from nbckpt.protocol.views import (
 from nbckpt.storage import Location
 from nbckpt.views.aggregate import AGGREGATE_ABOVE, summarize, summary_view
 from nbckpt.views.monitor import view_state
-from nbckpt.views.timeline import everyone_of, preempted, tiered, timeline_view
+from nbckpt.views.timeline import drawing, everyone_of, preempted, tiered
 
 __all__ = [
     "Checkpoints",
@@ -122,19 +121,15 @@ def operation_answer(
     when asked for: a sidebar opens one process's lanes that way.
     """
     summary: JobSummaryView | None = None
-    shown = rec
     keep: set[int] | None = None
     if len(everyone_of(rec)) > AGGREGATE_ABOVE:
         summary = summary_view(summarize(view_state(rec)))
         keep = {*summary["notable"], *([process] if process is not None else [])}
-        shown = replace(rec, processes={p: r for p, r in rec.processes.items() if p in keep})
-    view = timeline_view(rec, keep)
-    data = shown.to_dict()
+    data = drawing(rec, keep)
     data.update(
         root=root,
         time=now,
         label=op_label(rec.kind, rec.step, rec.name, rec.preemption, rec.tier),
-        view=view,
         summary=summary,
     )
     return data

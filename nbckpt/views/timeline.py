@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 from nbckpt.journal import OperationRecord, PhaseSpan, ProcessRecord
@@ -22,6 +23,7 @@ __all__ = [
     "NOT_FAILED",
     "BarrierEntries",
     "barrier_wait",
+    "drawing",
     "commit_time",
     "everyone_of",
     "LOCAL_READ",
@@ -250,3 +252,20 @@ def timeline_view(record: OperationRecord, only: Iterable[int] | None = None) ->
         "latest": latest_time(record),
         "processes": processes,
     }
+
+
+def drawing(
+    record: OperationRecord, only: Iterable[int] | None = None, *, events: bool = True
+) -> dict[str, Any]:
+    """The merged journal as sent to a front end, with ``view``, its drawing's decisions.
+
+    ``record.to_dict(events=events)`` plus :func:`timeline_view`; with ``only``, both
+    for those processes alone (a job of many processes sends the few that matter).
+    """
+    shown = record
+    if only is not None:
+        keep = set(only)
+        shown = replace(record, processes={p: r for p, r in record.processes.items() if p in keep})
+    d = shown.to_dict(events=events)
+    d["view"] = timeline_view(record, only)
+    return d

@@ -10,7 +10,6 @@ in ``labextension/``); its CSS, ``static/progress.css``, is built from
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +22,7 @@ from nbckpt.protocol.views import BarrierCell, Row
 from nbckpt.views.aggregate import AGGREGATE_ABOVE, summarize, summary_view
 from nbckpt.views.monitor import OperationView, ProcessView
 from nbckpt.views.naming import listing
-from nbckpt.views.timeline import timeline_view
+from nbckpt.views.timeline import drawing
 from nbckpt.widgets.text import bytes_done, human_bytes, render_text, what_of
 
 if TYPE_CHECKING:
@@ -178,15 +177,7 @@ def timeline_of(record: OperationRecord, only: list[int] | None = None) -> dict[
     (:func:`nbckpt.views.timeline.timeline_view`), as the server sends them. With
     ``only``, only those processes' lanes.
     """
-    if only is None:
-        d = record.to_dict(events=False)
-    else:
-        # A job of many processes: only the lanes of the processes that keep a row.
-        keep = set(only)
-        shown = {p: r for p, r in record.processes.items() if p in keep}
-        d = replace(record, processes=shown).to_dict(events=False)
-    d["view"] = timeline_view(record, only)
-    return d
+    return drawing(record, only, events=False)
 
 
 def widget_model(view: OperationView) -> dict[str, Any]:
