@@ -524,9 +524,14 @@ def raw_file_read(directory: str, tag: str) -> float:
 # -- barriers -------------------------------------------------------------------------
 
 
-def barriers(count: int, tag: str) -> float:
-    """Median round trip of ``count`` nbckpt barriers, seconds."""
+def barriers(count: int, tag: str, fast_s: float | None = None) -> float:
+    """Median round trip of ``count`` nbckpt barriers, seconds.
+
+    ``fast_s`` sets the synchronizer's (0: the key-value form alone).
+    """
     sync = _sync()
+    if fast_s is not None:
+        sync.fast_s = fast_s
     times = []
     for i in range(count):
         t0 = time.perf_counter()

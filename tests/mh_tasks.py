@@ -188,6 +188,21 @@ def barrier_subset(op: str, processes: list[int]) -> str:
     return "passed"
 
 
+def barrier_paths(op: str, late: int, late_s: float) -> list[str]:
+    """Meet at a barrier all at once, then at one where ``late`` comes ``late_s`` late.
+
+    Return, for each, the key-value count it left: none when the service's own barrier
+    let everyone through.
+    """
+    client = default_client()
+    sync = Synchronizer(client)
+    sync.barrier(op, "together", timeout_s=30)
+    if jax.process_index() == late:
+        time.sleep(late_s)
+    sync.barrier(op, "late", timeout_s=30)
+    return [str(client.key_value_try_get(f"nbckpt/{op}/{b}/count")) for b in ("together", "late")]
+
+
 def barrier_round_trips(op: str, count: int) -> float:
     """Median seconds of ``count`` barriers in a row."""
     sync = Synchronizer(default_client())

@@ -125,6 +125,14 @@ def test_barrier_timeout_names_the_missing_process(group4):
         assert r.startswith("BarrierTimeoutError") and "process 3 did not arrive" in r
 
 
+def test_barrier_meets_at_the_service_then_waits_over_the_store(group4):
+    # Arrivals within a second meet at the service's own barrier (one round trip, no
+    # key-value count); a process later than that finds it over and everyone meets
+    # over the key-value store, where a wait can notice failures.
+    res = group4.run(f"{T}:barrier_paths", "pathtest", 2, 2.5)
+    assert res == [["None", "4"]] * 4
+
+
 def test_subset_barrier(group4):
     res = group4.run(f"{T}:barrier_subset", "subsettest", [0, 2])
     assert res == ["passed", "not a participant", "passed", "not a participant"]

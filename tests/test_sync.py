@@ -3,6 +3,7 @@
 tests/test_multihost.py runs the same protocol over the real coordination service.
 """
 
+import random
 import threading
 import time
 
@@ -18,7 +19,11 @@ def _syncs(n, poll_s=0.05):
 
 
 def _run(n, fn, poll_s=0.05):
-    syncs = _syncs(n, poll_s)
+    return _run_on(_syncs(n, poll_s), fn)
+
+
+def _run_on(syncs, fn):
+    n = len(syncs)
     results = [None] * n
 
     def target(i):
@@ -91,17 +96,24 @@ def test_peer_failure_aborts_waiters_before_the_deadline():
 
 
 def test_a_peer_taken_for_gone_cannot_pass_once_it_comes_back():
-    # Processes 0 and 1 give up on process 2 (its heartbeats stopped: cut off, say);
-    # when it comes back and arrives, it must not pass the barrier they abandoned.
-    def fn(i, s):
-        if i == 2:
-            time.sleep(0.5)
-            s.barrier("op", "b", timeout_s=5)
-            return "passed"
+    # Processes 0 and 1 give up on process 2 (its heartbeats stopped: cut off, say)
+    # while they wait; when it comes back and arrives, it must not pass the barrier
+    # they abandoned.
+    syncs = _syncs(3)
+    t0 = time.monotonic()
 
-        def gone(phase):
+    def gone(phase):
+        if time.monotonic() - t0 > 0.3:
             raise PeerDeadError([2], phase, 3.0, unreachable={2: "unreachable"})
 
+    for s in syncs:
+        s.fast_s = 0  # straight to the key-value store, where a wait can give up
+
+    def fn(i, s):
+        if i == 2:
+            time.sleep(0.6)
+            s.barrier("op", "b", timeout_s=5)
+            return "passed"
         s.health = gone
         try:
             s.barrier("op", "b", timeout_s=5)
@@ -109,11 +121,14 @@ def test_a_peer_taken_for_gone_cannot_pass_once_it_comes_back():
             return str(e)
         return "passed"
 
-    res = _run(3, fn)
+    res = _run_on(syncs, fn)
     for i in (0, 1):
         assert res[i].startswith("process 2 became unreachable: no heartbeat for 3.0 s"), res[i]
         assert "check the network between the hosts" in res[i]
     assert isinstance(res[2], BarrierTimeoutError), res[2]
+    # The first to give up left its word for anyone still waiting.
+    word = syncs[0].client.key_value_try_get("nbckpt/op/b/release")
+    assert word.startswith("abandoned ") and "process 2 became unreachable" in word
 
 
 def test_subset_barrier_and_gather_and_broadcast():
@@ -141,3 +156,76 @@ def test_cleanup_removes_the_operation_keys():
     s.barrier("op", "b", timeout_s=1)
     s.cleanup("op")
     assert s.client.key_value_dir_get("nbckpt/op") == {}
+
+
+def test_arrivals_in_time_meet_at_the_fast_barrier_alone():
+    syncs = _syncs(3)
+
+    def fn(i, s):
+        s.barrier("op", "b", timeout_s=5)
+        return "ok"
+
+    assert _run_on(syncs, fn) == ["ok"] * 3
+    # No key-value round trip was needed: no count, no release.
+    assert syncs[0].client.key_value_dir_get("nbckpt/op/b") == {}
+
+
+def test_a_straggler_past_the_fast_barrier_meets_the_others_over_the_store():
+    syncs = _syncs(3)
+    for s in syncs:
+        s.fast_s = 0.1
+
+    def fn(i, s):
+        if i == 2:
+            time.sleep(0.4)
+        s.barrier("op", "b", timeout_s=5)
+        return "ok"
+
+    assert _run_on(syncs, fn) == ["ok"] * 3
+    assert syncs[0].client.key_value_try_get("nbckpt/op/b/count") == "3"
+
+
+def test_a_peer_known_dead_is_named_before_the_fast_barrier():
+    syncs = _syncs(2)
+
+    def gone(phase):
+        raise PeerDeadError([1], phase, 3.0)
+
+    syncs[0].health = gone
+    t0 = time.monotonic()
+    with pytest.raises(PeerDeadError):
+        syncs[0].barrier("op", "b", timeout_s=30)
+    assert time.monotonic() - t0 < syncs[0].fast_s
+    # It gave up before it counted anywhere: the other cannot pass, and names it.
+    with pytest.raises(BarrierTimeoutError) as err:
+        syncs[1].barrier("op", "b", timeout_s=2.5)
+    assert err.value.missing == [0]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_every_process_decides_the_same_way_whenever_one_gives_up(seed):
+    # Arrivals spread around the fast barrier's deadline, while process 0 gives up
+    # (it takes process 2 for dead) at a random moment: either all pass, or none does.
+    rng = random.Random(seed)
+    delays = [rng.uniform(0, 0.3) for _ in range(3)]
+    give_up_at = time.monotonic() + rng.uniform(0, 0.4)
+    syncs = _syncs(3, poll_s=0.02)
+    for s in syncs:
+        s.fast_s = 0.1
+
+    def impatient(phase):
+        if time.monotonic() > give_up_at:
+            raise PeerDeadError([2], phase, 3.0)
+
+    syncs[0].health = impatient
+
+    def fn(i, s):
+        time.sleep(delays[i])
+        try:
+            s.barrier("op", "b", timeout_s=1.2)
+        except (PeerDeadError, BarrierTimeoutError) as e:
+            return type(e).__name__
+        return "passed"
+
+    res = _run_on(syncs, fn)
+    assert res.count("passed") in (0, 3), (delays, res)

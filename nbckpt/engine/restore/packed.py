@@ -21,7 +21,7 @@ import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import tensorstore as ts
@@ -29,28 +29,18 @@ import tensorstore as ts
 from nbckpt import storage
 from nbckpt.engine.arrays.tree import path_str
 from nbckpt.engine.arrays.zarr import chunk_key, chunk_regions, context
+from nbckpt.engine.restore.protocols import ArraySource, Box
 from nbckpt.errors import CorruptCheckpointError
 from nbckpt.formats.packs import PackedChunk, PackIndex
 from nbckpt.storage import Location
 
-__all__ = ["COALESCE_GAP_BYTES", "SPAN_BYTES", "Box", "PackedSource"]
+__all__ = ["COALESCE_GAP_BYTES", "SPAN_BYTES", "PackedSource"]
 
 #: Byte ranges of one pack closer than this are read with one request ...
 COALESCE_GAP_BYTES = 1 << 20
 #: ... of at most this many bytes (more if one range is larger), so that several
 #: requests are in flight at once: one long read keeps a disk's queue too short.
 SPAN_BYTES = 1 << 20
-
-#: Where a region of a leaf lies: ``(start, stop)`` per dimension.
-Box = tuple[tuple[int, int], ...]
-
-
-class _Arrays(Protocol):
-    """Where the leaves that are not packed come from (an ``ArraySource``)."""
-
-    def open(self, name: str) -> Any: ...
-
-    def location(self, name: str, key: str | None = None) -> str: ...
 
 
 class PackedSource:
@@ -71,7 +61,7 @@ class PackedSource:
     def __init__(
         self,
         directory: Location,
-        arrays: _Arrays,
+        arrays: ArraySource,
         leaves: dict[str, dict[str, Any]],
         index: PackIndex,
     ) -> None:

@@ -1,6 +1,6 @@
 """The reads of a restore: each process reads only the regions its own devices need.
 
-A :class:`LeafRead` reads one leaf from an :class:`~nbckpt.engine.restore.sources.ArraySource`:
+A :class:`LeafRead` reads one leaf from an :class:`~nbckpt.engine.restore.protocols.ArraySource`:
 for each device of this process that holds part of the leaf, the region that device
 needs (or the whole leaf, for a host value). Where checksums were recorded at save time
 (nbckpt's own steps), each region is widened to whole chunks of the saved grid, read
@@ -33,8 +33,7 @@ from nbckpt.engine.arrays.tree import path_str
 from nbckpt.engine.arrays.zarr import chunk_key, chunk_regions
 from nbckpt.engine.restore import hostshare
 from nbckpt.engine.restore.hostshare import HostRegion, slab_rows
-from nbckpt.engine.restore.packed import Box  # where a region of a leaf lies
-from nbckpt.engine.restore.sources import ArraySource
+from nbckpt.engine.restore.protocols import ArraySource, Box
 from nbckpt.engine.restore.targets import check_x64, convert, weaken
 from nbckpt.errors import CorruptCheckpointError
 from nbckpt.formats import checksum as _checksum

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import tensorstore as ts
 
 from nbckpt.engine.arrays.orbax_arrays import open_orbax_array_async
 from nbckpt.engine.arrays.zarr import fresh_context, open_array_async
-from nbckpt.engine.restore.packed import Box, PackedSource
+from nbckpt.engine.restore.packed import PackedSource
+from nbckpt.engine.restore.protocols import ArraySource, Box
 from nbckpt.formats.checksum import read_checksums
 from nbckpt.formats.orbax_write import ORBAX_ARRAYS
 from nbckpt.formats.packs import PackIndex, is_packed
@@ -28,31 +29,6 @@ ORBAX_UNVERIFIED = (
     "Orbax records no checksums of the data, so damage that still decodes cannot be "
     "detected; only missing or undecodable chunks are"
 )
-
-
-class ArraySource(Protocol):
-    """Opens the arrays of one step (or Orbax item) by leaf name."""
-
-    @property
-    def directory(self) -> Location:
-        """The directory the arrays are in."""
-        ...
-
-    def open(self, name: str, boxes: Sequence[Box] | None = None) -> ts.Future[ts.TensorStore]:
-        """Start opening the array of leaf ``name`` for reading.
-
-        ``boxes``, if given, are the regions this process will read (``(start, stop)``
-        per dimension): a source may fetch only the data they touch.
-        """
-        ...
-
-    def location(self, name: str, key: str | None = None) -> str:
-        """Where leaf ``name`` (or its chunk ``key``) is, for an error message."""
-        ...
-
-    def note(self) -> str | None:
-        """What an error about this source's data should add, if anything."""
-        ...
 
 
 @dataclass(frozen=True)

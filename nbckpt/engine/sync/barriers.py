@@ -4,21 +4,32 @@
 process. nbckpt synchronizes only through that key-value store, never through device
 collectives, because a collective has no deadline and cannot tell who is missing.
 
-A barrier ``nbckpt/<op>/<name>`` works in two round trips on the fast path: each
-process increments ``.../count``; the one that brings it to the number of participants
-sets ``.../release``; the others wait for ``release`` with a blocking get. The wait is
+A barrier ``nbckpt/<op>/<name>`` first meets the others at the service's own barrier
+``.../fast``: one round trip, as fast as ``wait_at_barrier`` itself. The service ends
+that barrier for every waiter at once when its short deadline (:data:`FAST_S`) passes,
+and at once for anyone who comes later, so either every participant passes it or none
+does. Until then a waiter cannot look for a peer's failure (the service's barrier
+cannot be left early), which is why the fast barrier is short; a peer already known
+dead is looked for before it.
+
+A barrier not passed there goes on over the key-value store, where a waiter can give
+up: each process increments ``.../count``; the one that brings it to the number of
+participants sets ``.../release``; the others record their arrival
+(``.../arrived/<process>``) and wait for ``release`` with a blocking get. The wait is
 cut into short slices so that, between slices, a waiter can notice that a peer
 recorded a failure (``nbckpt/<op>/failed/<process>``) and give up at once instead of
-waiting out the deadline. A waiter that is still waiting after one slice records its
-arrival (``.../arrived/<process>``); when the deadline passes, the processes without
-an arrival record are the ones named as missing.
+waiting out the deadline. When the deadline passes, the processes without an arrival
+record are the ones named as missing.
 
 A waiter whose deadline passes, or that gives up early (a peer failed, died or became
 unreachable), adds a large number to the count before it gives up. The count can then
 never equal the number of participants, so a straggler that arrives later fails too
-instead of passing a barrier the others abandoned; and if the count shows that
-everyone had in fact arrived, the waiter passes. Either way every participant decides
-the same way, and "the count reached N" keeps meaning "every participant arrived".
+instead of passing a barrier the others abandoned, and "the count reached N" keeps
+meaning "every participant arrived before anyone gave up". The first to give up reads
+that from its own increment: if everyone had arrived it passes (the last arrival sets
+``release``); if not, it sets ``release`` to say the barrier was abandoned, and by
+whom. Whoever gives up after it follows that word, so every participant decides the
+same way.
 """
 
 from __future__ import annotations
@@ -35,7 +46,7 @@ from nbckpt.engine.sync.clients import (
     SignalingClient,
     default_client,
 )
-from nbckpt.errors import BarrierTimeoutError, NbckptError, PeerDeadError, PeerFailedError
+from nbckpt.errors import BarrierTimeoutError, NbckptError, PeerDeadError, PeerFailedError, who
 from nbckpt.protocol import FAILED_KEY, KEY_PREFIX, barrier_key
 
 __all__ = [
@@ -49,6 +60,14 @@ __all__ = [
 ]
 
 _POISON = 1 << 20  # the service parses counts as 32-bit ints
+_PASSED = "1"  # the value of ``release`` when everyone arrived
+_ABANDONED = "abandoned"  # ... and its first word when someone gave up first
+
+FAST_S = 1.0
+"""How long a barrier waits at the service's own barrier before it goes on over the
+key-value store. The service checks barrier deadlines once a second, so the wait ends
+within about a second after this; a barrier with less time than ``FAST_S + 1`` left
+skips it, to keep its deadline."""
 
 
 def wait_slice(process_count: int) -> float:
@@ -97,8 +116,11 @@ class Synchronizer:
         Length of one wait slice: the longest a waiter goes without checking for a
         peer's failure; by default :func:`wait_slice` of the job's size.
     health
-        Optional callable run between slices; it raises to abort the wait (for
-        example when a peer is known dead).
+        Optional callable run before a barrier and between slices; it raises to abort
+        the wait (for example when a peer is known dead).
+    fast_s
+        How long a barrier first waits at the service's own barrier (see the module's
+        docstring); 0 goes straight to the key-value store.
     """
 
     def __init__(
@@ -107,10 +129,12 @@ class Synchronizer:
         *,
         poll_s: float | None = None,
         health: Callable[[str], None] | None = None,
+        fast_s: float = FAST_S,
     ) -> None:
         self.client = client
         self.poll_s = wait_slice(client.process_count) if poll_s is None else poll_s
         self.health = health
+        self.fast_s = fast_s
 
     @property
     def process_index(self) -> int:
@@ -158,15 +182,17 @@ class Synchronizer:
         PeerFailedError
             Another process of ``op`` recorded a failure while this one waited.
         """
-        expected = sorted(range(self.process_count) if process_ids is None else process_ids)
-        me = self.process_index
-        if me not in expected:
-            raise ValueError(f"process {me} is not among the barrier's processes {expected}")
-        key = barrier_key(op, name)
         deadline = time.monotonic() + timeout_s
+        me = self.process_index
+        if process_ids is not None and me not in process_ids:
+            raise ValueError(f"process {me} is not among the barrier's processes {process_ids}")
+        key = barrier_key(op, name)
+        if self._meet_fast(key, name, process_ids, deadline):
+            return
+        expected = sorted(range(self.process_count) if process_ids is None else process_ids)
         count = self.client.key_value_increment(f"{key}/count", 1)
         if count == len(expected):
-            self.client.key_value_set(f"{key}/release", "1")
+            self.client.key_value_set(f"{key}/release", _PASSED)
             return
         if count > _POISON:
             # Others gave up on this barrier already: this process came too late. Why
@@ -175,19 +201,17 @@ class Synchronizer:
             if self.health is not None:
                 self.health(f"barrier {name}")
             raise BarrierTimeoutError(key, [me], timeout_s)
-        announced = False
+        self.client.key_value_set(f"{key}/arrived/{me}", str(time.time()))
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            if (
-                self.client.blocking_key_value_get(f"{key}/release", min(self.poll_s, remaining))
-                is not None
-            ):
+            release = self.client.blocking_key_value_get(
+                f"{key}/release", min(self.poll_s, remaining)
+            )
+            if release is not None:
+                self._follow(release, op, name)
                 return
-            if not announced:
-                self.client.key_value_set(f"{key}/arrived/{me}", str(time.time()))
-                announced = True
             try:
                 self.check_failures(op)
                 if self.health is not None:
@@ -197,19 +221,67 @@ class Synchronizer:
                     raise  # the service is lost: the count cannot be reached
                 # Giving up early poisons the count as the deadline does, so that a
                 # peer taken for gone cannot pass (and commit) once it comes back.
-                poisoned = self.client.key_value_increment(f"{key}/count", _POISON)
-                if poisoned % _POISON >= len(expected):
+                if self._give_up(key, len(expected), str(e)):
                     return  # everyone had arrived after all
                 raise
         # Give late arrivals one slice to record themselves, so that only processes
         # that never came are named.
-        if self.client.blocking_key_value_get(f"{key}/release", self.poll_s) is not None:
+        release = self.client.blocking_key_value_get(f"{key}/release", self.poll_s)
+        if release == _PASSED:
             return
-        poisoned = self.client.key_value_increment(f"{key}/count", _POISON)
-        if poisoned % _POISON >= len(expected):
+        missing = _missing(expected, self.client.key_value_dir_get(f"{key}/arrived"))
+        if release is None and self._give_up(
+            key, len(expected), f"{who(missing)} did not arrive in time"
+        ):
             return  # the last participant arrived just before the poison
-        arrived = self.client.key_value_dir_get(f"{key}/arrived")
-        raise BarrierTimeoutError(key, _missing(expected, arrived), timeout_s)
+        raise BarrierTimeoutError(key, missing, timeout_s)
+
+    def _meet_fast(
+        self, key: str, name: str, process_ids: Sequence[int] | None, deadline: float
+    ) -> bool:
+        """Meet the others at the service's own barrier; True if everyone came in time.
+
+        A peer already known dead is looked for first. This process then gives up
+        before it counts anywhere, so the barrier cannot pass without it.
+        """
+        if self.health is not None:
+            self.health(f"barrier {name}")
+        # The service ends the fast barrier up to a second after its deadline.
+        if self.fast_s <= 0 or deadline - time.monotonic() < self.fast_s + 1.0:
+            return False
+        return self.client.wait_at_barrier(f"{key}/fast", self.fast_s, process_ids)
+
+    def _give_up(self, key: str, expected: int, reason: str) -> bool:
+        """Poison barrier ``key``; True if everyone had arrived before anyone gave up.
+
+        The first to give up decides from its own increment, and says so in
+        ``release`` when the barrier is abandoned; the later ones follow what is there.
+        """
+        poisons, counted = divmod(self.client.key_value_increment(f"{key}/count", _POISON), _POISON)
+        if counted < expected:
+            if poisons == 1:
+                word = f"{_ABANDONED} {self.process_index} {reason}"
+                self.client.key_value_set(f"{key}/release", word)
+            return False
+        if poisons == 1:
+            return True  # the last arrival came before any poison, and sets release
+        # Everyone came, but after the first to give up or before it: its word says which.
+        release = self.client.blocking_key_value_get(f"{key}/release", max(1.0, 5 * self.poll_s))
+        return release == _PASSED
+
+    def _follow(self, release: str, op: str, name: str) -> None:
+        """Pass if ``release`` says everyone arrived; raise if someone gave up first.
+
+        The reason this process knows itself (a peer's failure, a death) comes first:
+        it is most often why the other gave up.
+        """
+        if release == _PASSED:
+            return
+        self.check_failures(op)
+        if self.health is not None:
+            self.health(f"barrier {name}")
+        _, process, reason = release.split(" ", 2)
+        raise PeerFailedError(int(process), f"gave up on barrier {name}: {reason}")
 
     def broadcast(
         self, op: str, name: str, value: str | None, *, source: int, timeout_s: float

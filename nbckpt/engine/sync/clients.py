@@ -9,6 +9,9 @@ processes as threads).
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 __all__ = ["CoordinationServiceClient", "InProcessClient", "SignalingClient", "default_client"]
@@ -50,6 +53,17 @@ class SignalingClient(Protocol):
 
     def key_value_delete(self, key: str) -> None:
         """Delete ``key`` and every key under ``key/``."""
+        ...
+
+    def wait_at_barrier(
+        self, key: str, timeout_s: float, process_ids: Sequence[int] | None
+    ) -> bool:
+        """Meet ``process_ids`` (None: all) at the service's barrier ``key``.
+
+        Return True when every one of them arrived, False when the barrier's deadline
+        passed first; a barrier whose deadline passed is over for every caller, later
+        ones included. Each key is used once.
+        """
         ...
 
 
@@ -130,6 +144,22 @@ class CoordinationServiceClient:
         """Delete ``key`` and every key under ``key/``."""
         self._client.key_value_delete(key)
 
+    def wait_at_barrier(
+        self, key: str, timeout_s: float, process_ids: Sequence[int] | None
+    ) -> bool:
+        """Meet ``process_ids`` (None: all) at the service's barrier ``key``.
+
+        True when all arrived, False when its deadline passed first (for every caller).
+        """
+        ids = None if process_ids is None else list(process_ids)
+        try:
+            self._client.wait_at_barrier(key, max(1, int(timeout_s * 1000)), ids)
+        except RuntimeError as e:  # jax raises JaxRuntimeError (a RuntimeError)
+            if "DEADLINE_EXCEEDED" in str(e):
+                return False
+            raise
+        return True
+
 
 class InProcessClient:
     """A :class:`SignalingClient` for one process: a dict guarded by a condition.
@@ -152,9 +182,11 @@ class InProcessClient:
         self._count = process_count
         if store is None:
             self._data: dict[str, str] = {}
+            self._barriers: dict[str, _Barrier] = {}
             self._cond = threading.Condition()
         else:
             self._data = store._data
+            self._barriers = store._barriers
             self._cond = store._cond
 
     @property
@@ -204,6 +236,42 @@ class InProcessClient:
         with self._cond:
             for k in [k for k in self._data if k == key or k.startswith(p)]:
                 del self._data[k]
+
+    def wait_at_barrier(
+        self, key: str, timeout_s: float, process_ids: Sequence[int] | None
+    ) -> bool:
+        """Meet ``process_ids`` (None: all) at barrier ``key``, as the service does.
+
+        True when all arrived, False when its deadline passed first (for every caller).
+        """
+        ids = frozenset(range(self._count) if process_ids is None else process_ids)
+        with self._cond:
+            bar = self._barriers.setdefault(key, _Barrier(ids, time.monotonic() + timeout_s))
+            if bar.passed is None:
+                if ids != bar.ids or self._index not in ids:
+                    raise ValueError(f"barrier {key}: process {self._index} is not one of {ids}")
+                bar.arrived.add(self._index)
+                if bar.arrived == bar.ids:
+                    bar.passed = True
+                    self._cond.notify_all()
+                else:
+                    self._cond.wait_for(
+                        lambda: bar.passed is not None, timeout=bar.deadline - time.monotonic()
+                    )
+                    if bar.passed is None:
+                        bar.passed = False
+                        self._cond.notify_all()
+            return bar.passed
+
+
+@dataclass
+class _Barrier:
+    """One barrier of :class:`InProcessClient`: who takes part, who came, how it ended."""
+
+    ids: frozenset[int]
+    deadline: float
+    arrived: set[int] = field(default_factory=set)
+    passed: bool | None = None
 
 
 _default_lock = threading.Lock()

@@ -1,0 +1,45 @@
+"""What the parts of a restore agree on: a region of a leaf, and a source of arrays.
+
+Its own module so that the sources (:mod:`~nbckpt.engine.restore.sources`), the packs
+(:mod:`~nbckpt.engine.restore.packed`) and the reads
+(:mod:`~nbckpt.engine.restore.reads`) use one definition without importing each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import tensorstore as ts
+
+from nbckpt.storage import Location
+
+__all__ = ["ArraySource", "Box"]
+
+#: Where a region of a leaf lies: ``(start, stop)`` per dimension.
+Box = tuple[tuple[int, int], ...]
+
+
+class ArraySource(Protocol):
+    """Opens the arrays of one step (or Orbax item) by leaf name."""
+
+    @property
+    def directory(self) -> Location:
+        """The directory the arrays are in."""
+        ...
+
+    def open(self, name: str, boxes: Sequence[Box] | None = None) -> ts.Future[ts.TensorStore]:
+        """Start opening the array of leaf ``name`` for reading.
+
+        ``boxes``, if given, are the regions this process will read (``(start, stop)``
+        per dimension): a source may fetch only the data they touch.
+        """
+        ...
+
+    def location(self, name: str, key: str | None = None) -> str:
+        """Where leaf ``name`` (or its chunk ``key``) is, for an error message."""
+        ...
+
+    def note(self) -> str | None:
+        """What an error about this source's data should add, if anything."""
+        ...
