@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nbckpt.engine.context import Context
+from nbckpt.engine.gcpause import paused_gc
 from nbckpt.engine.options import CheckpointerOptions
 from nbckpt.engine.options import check_step as _check_step
 from nbckpt.engine.restore_entry import restore_agreed
@@ -177,17 +178,18 @@ class CheckpointReader:
         processes at once.
         """
         self._settle()
-        op, step, result = restore_agreed(
-            self._ctx,
-            self.options,
-            get_target,
-            step,
-            key=key,
-            timeout_s=timeout_s,
-            cast=cast,
-            item=item,
-            partial=partial,
-            tier=self._tier,
-        )
+        with paused_gc():
+            op, step, result = restore_agreed(
+                self._ctx,
+                self.options,
+                get_target,
+                step,
+                key=key,
+                timeout_s=timeout_s,
+                cast=cast,
+                item=item,
+                partial=partial,
+                tier=self._tier,
+            )
         self.last_op, self.last_step = op, step
         return result

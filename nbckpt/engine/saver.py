@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from nbckpt.engine.context import Context
+from nbckpt.engine.gcpause import paused_gc
 from nbckpt.engine.options import CheckpointerOptions
 from nbckpt.engine.reader import CheckpointReader
 from nbckpt.engine.save.inflight import InFlight
@@ -153,22 +154,23 @@ class CheckpointSaver(CheckpointReader):
         """
         t_requested = time.time()
         self._settle()
-        job = start_save(
-            self._ctx,
-            self.options,
-            get_tree,
-            step,
-            force=force,
-            key=key,
-            mode=mode,
-            timeout_s=timeout_s,
-            metrics=metrics,
-            format=format,
-            t_requested=t_requested,
-            tier=self._tier,
-            persistent=persistent,
-            pack_bytes=pack_bytes,
-        )
+        with paused_gc():
+            job = start_save(
+                self._ctx,
+                self.options,
+                get_tree,
+                step,
+                force=force,
+                key=key,
+                mode=mode,
+                timeout_s=timeout_s,
+                metrics=metrics,
+                format=format,
+                t_requested=t_requested,
+                tier=self._tier,
+                persistent=persistent,
+                pack_bytes=pack_bytes,
+            )
         self.last_op = job.op
         self._inflight.start(job)
 
