@@ -10,8 +10,9 @@ import pytest
 
 from nbckpt.formats.layout import COMMIT_FILE, METADATA_FILE, ops_dir, step_dir
 from nbckpt.journal import merge_events
-from nbckpt.session.client import CheckpointClient, SaveHandle, resolve_operation
+from nbckpt.session.client import CheckpointClient, SaveHandle
 from nbckpt.session.handles import _failure
+from nbckpt.session.operations import resolve_operation
 
 OP = "20250101T000000.000000-save-5"
 

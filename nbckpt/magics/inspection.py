@@ -17,7 +17,7 @@ from nbckpt.magics import args as a
 from nbckpt.magics.base import MagicsBase, usage_errors
 from nbckpt.magics.cluster import status_text
 from nbckpt.session import reads
-from nbckpt.session.client import resolve_operation
+from nbckpt.session.operations import resolve_operation
 
 __all__ = ["LINE_MAGICS", "InspectionMagics"]
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from nbckpt import storage
@@ -38,7 +37,6 @@ __all__ = [
     "CheckpointClient",
     "SaveFailedError",
     "SaveHandle",
-    "resolve_operation",
 ]
 
 
@@ -454,50 +452,3 @@ class CheckpointClient:
             ],
             "directory": self.directory,
         }
-
-
-def resolve_operation(
-    op: str | None, directory: str | None, client: CheckpointClient | None
-) -> tuple[str, str]:
-    """Find one journaled operation: return its ``(root, op)``.
-
-    Parameters
-    ----------
-    op
-        An operation id, or the path of its journal folder ``<root>/.nbckpt/ops/<op>``
-        (which names its root too). None: ``client``'s last save, else the newest
-        operation in the directory.
-    directory
-        The checkpoint root (default: ``client``'s directory).
-    client
-        The session's client, if a cluster was started.
-
-    Raises
-    ------
-    ValueError
-        If no directory is known, it holds no operation, or it has no ``op`` (the
-        message lists the latest three).
-    """
-    folder = None if op is None else Path(op).expanduser()
-    if folder is not None and folder.is_dir() and folder.parent.name == "ops":
-        folder = folder.absolute()
-        return str(folder.parents[2]), folder.name
-    if directory is not None:
-        root = str(storage.location(directory))
-    elif op is None and client is not None and client.handles:
-        return client.handles[-1].root, client.handles[-1].op
-    elif client is not None and client.directory is not None:
-        root = client.directory
-    else:
-        raise ValueError("which checkpoint directory? pass --dir D (or start the cluster)")
-    reader = client.reader if client is not None else reads.LOCAL
-    known: list[str] = reader.run(reads.LIST_OPERATIONS, root)
-    if op is None:
-        if not known:
-            raise ValueError(f"no journaled operations in {root}")
-        op = known[-1]
-    # An op is a folder name: nothing that could lead out of the journal's folder.
-    if op in (".", "..") or "/" in op or "\\" in op or "\0" in op or op not in known:
-        latest = ", ".join(known[-3:]) or "none"
-        raise ValueError(f"no operation {op!r} in {root}; latest: {latest}")
-    return root, op
