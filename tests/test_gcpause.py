@@ -1,4 +1,4 @@
-"""The collector pause around a save's snapshot and a restore (nbckpt.engine.gcpause)."""
+"""The collector pause around a save's snapshot and a restore (nbckpt.gcpause)."""
 
 import gc
 import threading
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from nbckpt.engine import AsyncCheckpointer, hooks
-from nbckpt.engine.gcpause import paused_gc
+from nbckpt.gcpause import paused_gc
 
 
 @pytest.fixture(autouse=True)

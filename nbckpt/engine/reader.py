@@ -6,7 +6,6 @@ from collections.abc import Callable
 from typing import Any
 
 from nbckpt.engine.context import Context
-from nbckpt.engine.gcpause import paused_gc
 from nbckpt.engine.options import CheckpointerOptions
 from nbckpt.engine.options import check_step as _check_step
 from nbckpt.engine.restore_entry import restore_agreed
@@ -14,6 +13,7 @@ from nbckpt.engine.tiers.local import LocalTier
 from nbckpt.errors import CallError
 from nbckpt.formats.layout import all_steps
 from nbckpt.formats.retention import should_save
+from nbckpt.gcpause import paused_gc
 from nbckpt.storage import Location
 
 __all__ = ["CheckpointReader"]

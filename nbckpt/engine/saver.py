@@ -13,11 +13,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from nbckpt.engine.context import Context
-from nbckpt.engine.gcpause import paused_gc
 from nbckpt.engine.options import CheckpointerOptions
 from nbckpt.engine.reader import CheckpointReader
 from nbckpt.engine.save.inflight import InFlight
 from nbckpt.engine.save.start import start_save
+from nbckpt.gcpause import paused_gc
 from nbckpt.protocol import Mode
 from nbckpt.storage import Location
 
