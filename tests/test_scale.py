@@ -271,6 +271,12 @@ def test_the_widget_of_many_processes_sends_the_whole_and_the_few(tmp_path):
     assert sorted(widget.timeline["processes"]) == sorted(map(str, range(30, 38)))
     spread = widget.summary["barriers"][0]
     assert sum(spread["histogram"]) == 40 and spread["slowest"][0] == {"process": 39, "ms": 390.0}
+    # The field under the summary asks for another process: its row and lane come too.
+    widget.asked = 3
+    assert [r["process"] for r in widget.rows] == [3, *range(30, 38)]
+    assert sorted(widget.timeline["processes"]) == sorted(map(str, [3, *range(30, 38)]))
+    widget.asked = 99  # no such process: nothing more
+    assert [r["process"] for r in widget.rows] == list(range(30, 38))
 
 
 def test_the_figure_of_many_processes_draws_lanes_for_the_few_that_matter(tmp_path):

@@ -11,7 +11,7 @@ import {
 } from './model';
 import { IProtocol } from './protocol';
 import { el } from './dom';
-import { renderSummary } from './summary';
+import { processPicker, renderSummary } from './summary';
 import { renderLegend, renderTimeline } from './timeline';
 
 /** Format a byte count the way people read it. */
@@ -469,7 +469,13 @@ export class CheckpointsPanel extends Widget {
     if (op.summary === null) {
       whole.hidden = true;
     } else {
-      whole.append(...renderSummary(op.summary), this._processPicker(op));
+      whole.append(
+        ...renderSummary(op.summary),
+        processPicker(
+          op.process_count,
+          asked => void this.showOperation(op.op, asked)
+        )
+      );
     }
     this._timeline.replaceChildren(
       el('h3', 'nbckpt-heading', 'Timeline'),
@@ -486,28 +492,6 @@ export class CheckpointsPanel extends Widget {
       missing,
       errors
     );
-  }
-
-  /** A job of many processes: a field that adds one process's lanes to the drawing. */
-  private _processPicker(op: IOperation): HTMLFormElement {
-    const form = el('form', 'nbckpt-process-picker');
-    const input = el('input', 'nbckpt-process-input');
-    input.type = 'number';
-    input.min = '0';
-    input.max = String(op.process_count - 1);
-    input.placeholder = 'process';
-    input.title = "Add this process's lanes to the timeline";
-    const button = el('button', 'nbckpt-process-open', 'Show its lanes');
-    button.type = 'submit';
-    form.append(input, button);
-    form.addEventListener('submit', event => {
-      event.preventDefault();
-      const asked = Number(input.value);
-      if (input.value !== '' && Number.isInteger(asked)) {
-        void this.showOperation(op.op, asked);
-      }
-    });
-    return form;
   }
 
   private _input: HTMLInputElement;

@@ -89,3 +89,31 @@ export function renderSummary(summary: IJobSummaryView): HTMLElement[] {
   );
   return [headline, phases, ...spreads, note];
 }
+
+/**
+ * A field that asks for one more process's rows and lanes, below a summary. It only
+ * says which process: what that process's rows and lanes hold is computed in Python.
+ */
+export function processPicker(
+  processCount: number,
+  ask: (process: number) => void
+): HTMLFormElement {
+  const form = el('form', 'nbckpt-process-picker');
+  const input = el('input', 'nbckpt-process-input');
+  input.type = 'number';
+  input.min = '0';
+  input.max = String(processCount - 1);
+  input.placeholder = 'process';
+  input.title = "Add this process's lanes to the timeline";
+  const button = el('button', 'nbckpt-process-open', 'Show its lanes');
+  button.type = 'submit';
+  form.append(input, button);
+  form.addEventListener('submit', event => {
+    event.preventDefault();
+    const asked = Number(input.value);
+    if (input.value !== '' && Number.isInteger(asked)) {
+      ask(asked);
+    }
+  });
+  return form;
+}

@@ -180,20 +180,27 @@ def timeline_of(record: OperationRecord, only: list[int] | None = None) -> dict[
     return drawing(record, only, events=False)
 
 
-def widget_model(view: OperationView) -> dict[str, Any]:
+def widget_model(view: OperationView, asked: int | None = None) -> dict[str, Any]:
     """The widget's traits but its timeline, and whose lanes the timeline draws.
 
     ``op``, ``title``, ``status``, ``rows``, ``summary``; and ``only``, the processes
     whose lanes the timeline draws (None: all). Above
     :data:`~nbckpt.views.aggregate.AGGREGATE_ABOVE` processes, the summary and the
-    rows and lanes of the processes that matter; else every row and no summary.
+    rows and lanes of the processes that matter, and of process ``asked`` (the
+    widget's field); else every row and no summary.
     """
     rows = rows_from_view(view)
     only: list[int] | None = None
     summary: dict[str, Any] = {}
     if len(view.processes) > AGGREGATE_ABOVE:
         job = summary_view(summarize(view))
-        summary, only = dict(job), job["notable"]
+        summary, only = dict(job), list(job["notable"])
+        if (
+            asked is not None
+            and asked not in only
+            and any(p.process == asked for p in view.processes)
+        ):
+            only.append(asked)
         rows = [r for r in rows if r["process"] in only]
     return {
         "op": view.op,
@@ -224,7 +231,7 @@ class ProgressWidget(anywidget.AnyWidget):
     rows
         One dict per process; see :func:`rows_from_view`. Above
         :data:`~nbckpt.views.aggregate.AGGREGATE_ABOVE` processes, only those of
-        ``summary["notable"]``.
+        ``summary["notable"]`` and ``asked``.
     summary
         ``{}`` for a job of a few processes; above
         :data:`~nbckpt.views.aggregate.AGGREGATE_ABOVE`, the job as a whole
@@ -237,6 +244,9 @@ class ProgressWidget(anywidget.AnyWidget):
     protocol
         The protocol's names the front end draws with (:func:`nbckpt.protocol.as_json`):
         the widget runs in any Jupyter front end, so it never asks a server for them.
+    asked
+        A process whose row and lane to show too, in a job shown as a whole: the field
+        under the summary sets it (None: none).
 
     Notes
     -----
@@ -253,6 +263,8 @@ class ProgressWidget(anywidget.AnyWidget):
     summary = traitlets.Dict().tag(sync=True)
     timeline = traitlets.Dict().tag(sync=True)
     protocol = traitlets.Dict().tag(sync=True)
+    #: The process whose row and lane the field under the summary asked for.
+    asked = traitlets.Int(None, allow_none=True).tag(sync=True)
     #: The updater that keeps this widget live (None once built from a finished journal).
     live: LiveUpdater | None = None
 
@@ -265,6 +277,7 @@ class ProgressWidget(anywidget.AnyWidget):
         kwargs.setdefault("protocol", as_json())
         super().__init__(**kwargs)
         self._view = view
+        self._record = record
         if view is not None:
             self.update_from(view, record)
 
@@ -284,10 +297,11 @@ class ProgressWidget(anywidget.AnyWidget):
         bool
             Whether anything changed.
         """
-        new = widget_model(view)
+        new = widget_model(view, self.asked)
         only = new.pop("only")
         changed: dict[str, Any] = {k: v for k, v in new.items() if getattr(self, k) != v}
         if record is not None:
+            self._record = record
             timeline = timeline_of(record, only)
             if {k: v for k, v in self.timeline.items() if k != "now"} != timeline:
                 changed["timeline"] = {**timeline, "now": time.time()}
@@ -297,6 +311,12 @@ class ProgressWidget(anywidget.AnyWidget):
                 for k, v in changed.items():
                     setattr(self, k, v)
         return bool(changed)
+
+    @traitlets.observe("asked")
+    def _show_asked(self, _change: Any) -> None:
+        """Add the asked process's row and lane (the front end's field set it)."""
+        if self._view is not None:
+            self.update_from(self._view, self._record)
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         # Front ends without widgets (a terminal, a static export) get the text view.

@@ -243,6 +243,16 @@ def test_scripted_widgets_look_as_their_references(scripted_lab: tuple[str, str]
             compare(shot, shot.name)
         page.screenshot(path=ARTIFACTS / f"lab_widget_scripted_{theme}.png")
 
+        # The field under the summary asks for any other process: Python adds its row
+        # and its lane (the straggler's stay first).
+        many = page.locator(".nbckpt-w[data-op='many']")
+        many.locator(".nbckpt-process-input").fill("500")
+        many.locator(".nbckpt-process-open").click()
+        expect(many.locator("tr.nbckpt-w-row[data-process='500']")).to_have_count(1)
+        expect(many.locator("tr.nbckpt-w-row")).to_have_count(ROWS["many"] + 1)
+        expect(many.locator("tr.nbckpt-w-row").first).to_have_attribute("data-process", "17")
+        expect(many.locator("svg .nbckpt-timeline-row[data-process='500']")).to_have_count(1)
+
 
 def _axis_end(widget: Any) -> float:
     text = widget.locator("svg.nbckpt-timeline .nbckpt-timeline-axis").last.text_content()

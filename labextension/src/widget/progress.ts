@@ -8,7 +8,8 @@
  * barrier names) arrives in the synced traits; this module spells none of them.
  * Above 16 processes Python also sends `summary` (`nbckpt.views.aggregate`): the job
  * as a whole, drawn above the rows, which are then only those of the processes that
- * matter (the culprits, the missing, the slowest), as are the timeline's lanes.
+ * matter (the culprits, the missing, the slowest), as are the timeline's lanes; a
+ * field below the summary sets `asked`, and Python adds that process's row and lane.
  * `jlpm build:widget` bundles it with the timeline into one self-contained file,
  * `nbckpt/widgets/static/progress.js` (anywidget loads a single module), and its style
  * (`style/widget.css`, with the shared palette and timeline rules) into
@@ -16,7 +17,7 @@
  */
 import type { IJobSummaryView, IRow } from '../../generated/nbckpt';
 import { breakable, el } from '../dom';
-import { renderSummary } from '../summary';
+import { processPicker, renderSummary } from '../summary';
 import {
   ITimelineNames,
   ITimelineOperation,
@@ -41,11 +42,15 @@ export interface ITraits {
   /** The merged journal plus `now`, the kernel's clock; `{}` when there is none. */
   timeline: Partial<ITimelineOperation>;
   protocol: Partial<IWidgetNames>;
+  /** The process whose row and lane were asked for (a job of many), or null. */
+  asked: number | null;
 }
 
 /** The part of anywidget's model this module uses. */
 export interface IModel {
   get<K extends keyof ITraits>(key: K): ITraits[K];
+  set<K extends keyof ITraits>(key: K, value: ITraits[K]): void;
+  save_changes(): void;
   on(event: string, callback: () => void): void;
   off(event: string, callback: () => void): void;
 }
@@ -141,7 +146,14 @@ function drawSummary(model: IModel, box: HTMLElement): void {
     return;
   }
   box.hidden = false;
-  box.replaceChildren(...renderSummary(summary as IJobSummaryView));
+  const job = summary as IJobSummaryView;
+  box.replaceChildren(
+    ...renderSummary(job),
+    processPicker(job.process_count, asked => {
+      model.set('asked', asked);
+      model.save_changes();
+    })
+  );
 }
 
 /** The table of rows, in a box that scrolls sideways only if nothing else fits. */
