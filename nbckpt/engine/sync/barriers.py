@@ -12,24 +12,9 @@ does. Until then a waiter cannot look for a peer's failure (the service's barrie
 cannot be left early), which is why the fast barrier is short; a peer already known
 dead is looked for before it.
 
-A barrier not passed there goes on over the key-value store, where a waiter can give
-up: each process increments ``.../count``; the one that brings it to the number of
-participants sets ``.../release``; the others record their arrival
-(``.../arrived/<process>``) and wait for ``release`` with a blocking get. The wait is
-cut into short slices so that, between slices, a waiter can notice that a peer
-recorded a failure (``nbckpt/<op>/failed/<process>``) and give up at once instead of
-waiting out the deadline. When the deadline passes, the processes without an arrival
-record are the ones named as missing.
-
-A waiter whose deadline passes, or that gives up early (a peer failed, died or became
-unreachable), adds a large number to the count before it gives up. The count can then
-never equal the number of participants, so a straggler that arrives later fails too
-instead of passing a barrier the others abandoned, and "the count reached N" keeps
-meaning "every participant arrived before anyone gave up". The first to give up reads
-that from its own increment: if everyone had arrived it passes (the last arrival sets
-``release``); if not, it sets ``release`` to say the barrier was abandoned, and by
-whom. Whoever gives up after it follows that word, so every participant decides the
-same way.
+A barrier not passed there goes on over the key-value store, where a waiter can notice
+a peer's failure or death and give up, and every participant still decides the same
+way: see :mod:`nbckpt.engine.sync.storewait`.
 """
 
 from __future__ import annotations
@@ -46,7 +31,8 @@ from nbckpt.engine.sync.clients import (
     SignalingClient,
     default_client,
 )
-from nbckpt.errors import BarrierTimeoutError, NbckptError, PeerDeadError, PeerFailedError, who
+from nbckpt.engine.sync.storewait import StoreWait
+from nbckpt.errors import BarrierTimeoutError, PeerFailedError
 from nbckpt.protocol import FAILED_KEY, KEY_PREFIX, barrier_key
 
 __all__ = [
@@ -58,10 +44,6 @@ __all__ = [
     "next_sequence",
     "wait_slice",
 ]
-
-_POISON = 1 << 20  # the service parses counts as 32-bit ints
-_PASSED = "1"  # the value of ``release`` when everyone arrived
-_ABANDONED = "abandoned"  # ... and its first word when someone gave up first
 
 FAST_S = 1.0
 """How long a barrier waits at the service's own barrier before it goes on over the
@@ -98,11 +80,6 @@ def next_sequence(processes: Sequence[int] | None = None) -> int:
     with _sequence_lock:
         counter = _sequences.setdefault(scope, itertools.count())
         return next(counter)
-
-
-def _missing(expected: Sequence[int], arrived: dict[str, str]) -> list[int]:
-    have = {int(k.rsplit("/", 1)[1]) for k in arrived}
-    return [p for p in expected if p not in have]
 
 
 class Synchronizer:
@@ -190,51 +167,7 @@ class Synchronizer:
         if self._meet_fast(key, name, process_ids, deadline):
             return
         expected = sorted(range(self.process_count) if process_ids is None else process_ids)
-        count = self.client.key_value_increment(f"{key}/count", 1)
-        if count == len(expected):
-            self.client.key_value_set(f"{key}/release", _PASSED)
-            return
-        if count > _POISON:
-            # Others gave up on this barrier already: this process came too late. Why
-            # may be known here (it was cut off from the job): say that first.
-            self.check_failures(op)
-            if self.health is not None:
-                self.health(f"barrier {name}")
-            raise BarrierTimeoutError(key, [me], timeout_s)
-        self.client.key_value_set(f"{key}/arrived/{me}", str(time.time()))
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            release = self.client.blocking_key_value_get(
-                f"{key}/release", min(self.poll_s, remaining)
-            )
-            if release is not None:
-                self._follow(release, op, name)
-                return
-            try:
-                self.check_failures(op)
-                if self.health is not None:
-                    self.health(f"barrier {name}")
-            except NbckptError as e:
-                if isinstance(e, PeerDeadError) and e.service:
-                    raise  # the service is lost: the count cannot be reached
-                # Giving up early poisons the count as the deadline does, so that a
-                # peer taken for gone cannot pass (and commit) once it comes back.
-                if self._give_up(key, len(expected), str(e)):
-                    return  # everyone had arrived after all
-                raise
-        # Give late arrivals one slice to record themselves, so that only processes
-        # that never came are named.
-        release = self.client.blocking_key_value_get(f"{key}/release", self.poll_s)
-        if release == _PASSED:
-            return
-        missing = _missing(expected, self.client.key_value_dir_get(f"{key}/arrived"))
-        if release is None and self._give_up(
-            key, len(expected), f"{who(missing)} did not arrive in time"
-        ):
-            return  # the last participant arrived just before the poison
-        raise BarrierTimeoutError(key, missing, timeout_s)
+        StoreWait(self, op, name, key, expected, deadline, timeout_s).run()
 
     def _meet_fast(
         self, key: str, name: str, process_ids: Sequence[int] | None, deadline: float
@@ -250,38 +183,6 @@ class Synchronizer:
         if self.fast_s <= 0 or deadline - time.monotonic() < self.fast_s + 1.0:
             return False
         return self.client.wait_at_barrier(f"{key}/fast", self.fast_s, process_ids)
-
-    def _give_up(self, key: str, expected: int, reason: str) -> bool:
-        """Poison barrier ``key``; True if everyone had arrived before anyone gave up.
-
-        The first to give up decides from its own increment, and says so in
-        ``release`` when the barrier is abandoned; the later ones follow what is there.
-        """
-        poisons, counted = divmod(self.client.key_value_increment(f"{key}/count", _POISON), _POISON)
-        if counted < expected:
-            if poisons == 1:
-                word = f"{_ABANDONED} {self.process_index} {reason}"
-                self.client.key_value_set(f"{key}/release", word)
-            return False
-        if poisons == 1:
-            return True  # the last arrival came before any poison, and sets release
-        # Everyone came, but after the first to give up or before it: its word says which.
-        release = self.client.blocking_key_value_get(f"{key}/release", max(1.0, 5 * self.poll_s))
-        return release == _PASSED
-
-    def _follow(self, release: str, op: str, name: str) -> None:
-        """Pass if ``release`` says everyone arrived; raise if someone gave up first.
-
-        The reason this process knows itself (a peer's failure, a death) comes first:
-        it is most often why the other gave up.
-        """
-        if release == _PASSED:
-            return
-        self.check_failures(op)
-        if self.health is not None:
-            self.health(f"barrier {name}")
-        _, process, reason = release.split(" ", 2)
-        raise PeerFailedError(int(process), f"gave up on barrier {name}: {reason}")
 
     def broadcast(
         self, op: str, name: str, value: str | None, *, source: int, timeout_s: float
