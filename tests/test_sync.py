@@ -168,6 +168,8 @@ def test_arrivals_in_time_meet_at_the_fast_barrier_alone():
     assert _run_on(syncs, fn) == ["ok"] * 3
     # No key-value round trip was needed: no count, no release.
     assert syncs[0].client.key_value_dir_get("nbckpt/op/b") == {}
+    # And nothing is kept of it: a long single-process job runs thousands of barriers.
+    assert syncs[0].client._barriers == {}
 
 
 def test_a_straggler_past_the_fast_barrier_meets_the_others_over_the_store():

@@ -236,6 +236,8 @@ class InProcessClient:
         with self._cond:
             for k in [k for k in self._data if k == key or k.startswith(p)]:
                 del self._data[k]
+            for k in [k for k in self._barriers if k == key or k.startswith(p)]:
+                del self._barriers[k]
 
     def wait_at_barrier(
         self, key: str, timeout_s: float, process_ids: Sequence[int] | None
@@ -253,6 +255,9 @@ class InProcessClient:
                 bar.arrived.add(self._index)
                 if bar.arrived == bar.ids:
                     bar.passed = True
+                    # Nobody can come later: forget it (the waiters hold it). One that
+                    # timed out is kept, for whoever comes late.
+                    del self._barriers[key]
                     self._cond.notify_all()
                 else:
                     self._cond.wait_for(
