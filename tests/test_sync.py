@@ -231,3 +231,33 @@ def test_every_process_decides_the_same_way_whenever_one_gives_up(seed):
 
     res = _run_on(syncs, fn)
     assert res.count("passed") in (0, 3), (delays, res)
+
+
+def test_each_survivor_names_the_death_it_saw_when_another_gave_up_first():
+    # Process 0 learns of a death a beat before the others (it watches the beats) and
+    # abandons the barrier first; process 1 still reports the death itself, not
+    # "process 0 gave up".
+    syncs = _syncs(3)
+    t0 = time.monotonic()
+
+    def dead_after(delay):
+        def health(phase):
+            if time.monotonic() - t0 > delay:
+                raise PeerDeadError([2], phase, 3.0)
+
+        return health
+
+    syncs[0].health, syncs[1].health = dead_after(0.2), dead_after(0.6)
+    for s in syncs:
+        s.fast_s = 0
+
+    def fn(i, s):
+        if i == 2:
+            return "dead"
+        try:
+            s.barrier("op", "b", timeout_s=30)
+        except (PeerDeadError, PeerFailedError) as e:
+            return type(e).__name__
+        return "passed"
+
+    assert _run_on(syncs, fn) == ["PeerDeadError", "PeerDeadError", "dead"]

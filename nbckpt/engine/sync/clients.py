@@ -151,7 +151,8 @@ class CoordinationServiceClient:
 
         True when all arrived, False when its deadline passed first (for every caller).
         """
-        ids = None if process_ids is None else list(process_ids)
+        # Sorted: every participant must name the same processes, whatever its order.
+        ids = None if process_ids is None else sorted(process_ids)
         try:
             self._client.wait_at_barrier(key, max(1, int(timeout_s * 1000)), ids)
         except RuntimeError as e:  # jax raises JaxRuntimeError (a RuntimeError)

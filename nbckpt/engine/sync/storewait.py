@@ -36,7 +36,12 @@ from nbckpt.errors import BarrierTimeoutError, NbckptError, PeerDeadError, PeerF
 if TYPE_CHECKING:
     from nbckpt.engine.sync.barriers import Synchronizer
 
-__all__ = ["StoreWait"]
+__all__ = ["FOLLOW_S", "StoreWait"]
+
+#: How long a waiter that finds the barrier abandoned by another process looks for its
+#: own reason, before it reports the other's: process 0 learns of a death a beat
+#: before the others, and each survivor should name the dead process itself.
+FOLLOW_S = 5.0
 
 _POISON = 1 << 20  # the service parses counts as 32-bit ints
 _PASSED = "1"  # the value of ``release`` when everyone arrived
@@ -108,13 +113,26 @@ class StoreWait:
         raise BarrierTimeoutError(key, missing, self.timeout_s)
 
     def _wait(self) -> bool:
-        """Wait until released (True) or the deadline (False); raise on a failure."""
+        """Wait until released (True) or the deadline (False); raise on a failure.
+
+        A barrier another process abandoned cannot pass: this one then looks for its
+        own reason (each survivor reports the death it saw) for up to
+        :data:`FOLLOW_S`, and gives the other's if it finds none.
+        """
         client, slice_s = self.sync.client, self.sync.poll_s
+        abandoned: str | None = None
+        follow_at = self.deadline
         while (remaining := self.deadline - time.monotonic()) > 0:
-            word = client.blocking_key_value_get(f"{self.key}/release", min(slice_s, remaining))
-            if word is not None:
-                self._follow(word)
-                return True
+            if abandoned is None:
+                word = client.blocking_key_value_get(f"{self.key}/release", min(slice_s, remaining))
+                if word == _PASSED:
+                    return True
+                if word is not None:
+                    abandoned, follow_at = word, time.monotonic() + FOLLOW_S
+            else:
+                time.sleep(min(slice_s, remaining))
+            if abandoned is not None and time.monotonic() >= follow_at:
+                self._follow(abandoned)
             try:
                 self._look()
             except NbckptError as e:
@@ -125,6 +143,8 @@ class StoreWait:
                 if self._give_up(str(e)):
                     return True  # everyone had arrived after all
                 raise
+        if abandoned is not None:
+            self._follow(abandoned)
         return False
 
     def _look(self) -> None:
@@ -154,13 +174,11 @@ class StoreWait:
         return decided == _PASSED
 
     def _follow(self, word: str) -> None:
-        """Pass if ``word`` says everyone arrived; raise if someone gave up first.
+        """Raise what ``word`` says: another process gave up on the barrier, and why.
 
         The reason this process knows itself (a peer's failure, a death) comes first:
         it is most often why the other gave up.
         """
-        if word == _PASSED:
-            return
         self._look()
         _, process, reason = word.split(" ", 2)
         raise PeerFailedError(int(process), f"gave up on barrier {self.name}: {reason}")
