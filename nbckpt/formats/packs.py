@@ -14,7 +14,10 @@ A chunk's bytes are the chunk in C order, exactly as a chunk file of a zarr arra
 them, so the same checksum covers them. The leaf's entry in the step's metadata says
 ``"packed": true``; its shape, dtype and chunk grid are there as for any leaf. One file
 and one fsync per process replace a directory, a ``.zarray``, a chunk file and an fsync
-per small leaf; a restore reads each pack with one request.
+per small leaf. A pack holds its whole leaves first, then the shards of leaves split
+over devices (a reader relies on no order: the index says where each chunk is), so that
+a restore, where every process needs the whole leaves and only one process each shard,
+reads a few stretches of each pack (:mod:`nbckpt.engine.restore.bulk`).
 
 Orbax reads zarr arrays only: a step with packed leaves carries no Orbax records
 (``_METADATA``), and Orbax refuses it; a save with ``pack_bytes=0`` packs nothing, for

@@ -164,7 +164,9 @@ def write_shards(
                 nbytes = math.prod(part.shape) * itemsize
                 key = chunk_key(glob, chunks_of[w.leaf])
                 if store is None:
-                    pack.add(w.leaf, key, part)
+                    shape = shapes_of[w.leaf]
+                    whole = all(g.stop - g.start == d for g, d in zip(glob, shape, strict=True))
+                    pack.add(w.leaf, key, part, whole)
                 elif slowdown > 1:
                     deferred.append((store[glob], part, nbytes))
                 else:
@@ -179,9 +181,10 @@ def write_shards(
                     pending[counted][0].result()
                     report.add(pending[counted][1])
                     counted += 1
-        if pack.parts:
+        if pack:
             if process is None or checksums is None:
                 raise ValueError("packed leaves need the writing process and a checksums file")
+            pack.seal()
             pending.append((pack.write(directory, process), pack.nbytes))
             checksums[PACK_KEY] = pack_entry(process, pack.index)
         if issued is not None:
@@ -206,18 +209,33 @@ def write_shards(
 
 
 class _Pack:
-    """This process's packed chunks, gathered in order, and where each one lies."""
+    """This process's packed chunks, and where each one lies once :meth:`seal` ordered them.
+
+    Whole leaves come first, then the shards of leaves split over devices: every
+    process that holds a replicated leaf reads its chunk, but only one process each
+    shard, so a process reads the replicated leaves of every pack as one stretch
+    instead of one read between each two shards it does not need.
+    """
 
     def __init__(self) -> None:
+        self._gathered: tuple[list[tuple[str, str, np.ndarray]], ...] = ([], [])
         self.parts: list[np.ndarray] = []
         self.index: dict[str, dict[str, list[int]]] = {}
         self.nbytes = 0
 
-    def add(self, leaf: str, key: str, part: np.ndarray) -> None:
-        data = np.ascontiguousarray(part)
-        self.index.setdefault(leaf, {})[key] = [self.nbytes, data.nbytes]
-        self.parts.append(data)
-        self.nbytes += data.nbytes
+    def add(self, leaf: str, key: str, part: np.ndarray, whole: bool) -> None:
+        """Add a chunk: ``whole`` if it is all of its leaf."""
+        self._gathered[0 if whole else 1].append((leaf, key, np.ascontiguousarray(part)))
+
+    def __bool__(self) -> bool:
+        return any(self._gathered)
+
+    def seal(self) -> None:
+        """Lay the chunks out in the pack's order, and index them."""
+        for leaf, key, data in (*self._gathered[0], *self._gathered[1]):
+            self.index.setdefault(leaf, {})[key] = [self.nbytes, data.nbytes]
+            self.parts.append(data)
+            self.nbytes += data.nbytes
 
     def write(self, directory: Location, process: int) -> Any:
         """Start writing the pack (fsync'd before the returned future completes).
