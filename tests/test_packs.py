@@ -8,6 +8,8 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nbckpt.engine import AsyncCheckpointer
 from nbckpt.engine.restore import packed
@@ -271,3 +273,149 @@ def reshard_packed(root: str) -> list[str]:
 @pytest.mark.multihost
 def test_a_target_that_cuts_packed_chunks_gets_their_intersection(group1, tmp_path):
     assert group1.run(f"{T}:reshard_packed", str(tmp_path)) == [[]]
+
+
+# -- small leaves read in bulk --------------------------------------------------------
+
+
+def _taken(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record the names of the leaves each restore reads in bulk."""
+    from nbckpt.engine.restore.bulk import BulkReads
+
+    taken: list[str] = []
+    add = BulkReads.add
+
+    def spy(self: BulkReads, meta: dict[str, object], *args: object, **kw: object) -> object:
+        leaf = add(self, meta, *args, **kw)  # type: ignore[arg-type]
+        if leaf is not None:
+            taken.append(str(meta["name"]))
+        return leaf
+
+    monkeypatch.setattr(BulkReads, "add", spy)
+    return taken
+
+
+def test_small_packed_leaves_are_read_in_bulk_and_converted_ones_as_before(tmp_path, monkeypatch):
+    _save(tmp_path)
+    taken = _taken(monkeypatch)
+    ck = AsyncCheckpointer(tmp_path)
+    want = _state()
+    out = ck.restore(1, target=jax.tree.map(lambda x: x, want))
+    small = {f"layers.{i}.{k}" for i in range(5) for k in ("bias", "scale")} | {"half", "count"}
+    assert small <= set(taken) and "big" not in taken
+    assert _same(out["layers"][3]["bias"], want["layers"][3]["bias"])  # type: ignore[index]
+    assert _same(out["half"], want["half"]) and int(out["count"]) == 7
+    # A leaf converted on the way (cast=True) takes the general path, and is converted.
+    taken.clear()
+    target = jax.tree.map(lambda x: x, want)
+    bias = want["layers"][1]["bias"]  # type: ignore[index]
+    target["layers"][1]["bias"] = jax.ShapeDtypeStruct(
+        bias.shape, jax.numpy.float16, sharding=bias.sharding
+    )  # type: ignore[index]
+    out = ck.restore(1, target=target, cast=True)
+    assert "layers.1.bias" not in taken and "layers.2.bias" in taken
+    got = out["layers"][1]["bias"]  # type: ignore[index]
+    assert got.dtype == jax.numpy.float16
+    assert np.array_equal(np.asarray(got), np.asarray(bias).astype(np.float16))
+
+
+def test_leaves_read_in_bulk_as_host_values_are_arrays_of_their_own(tmp_path, monkeypatch):
+    _save(tmp_path)
+    taken = _taken(monkeypatch)
+    out = AsyncCheckpointer(tmp_path).restore(
+        1, target={"layers": [{"bias": ...}] * 5}, partial=True
+    )
+    assert len(taken) == 5
+    first, second = out["layers"][0]["bias"], out["layers"][1]["bias"]
+    assert isinstance(first, np.ndarray) and first.flags.owndata and first.flags.writeable
+    first[:] = 0  # changing one restored value changes no other
+    assert _same(second, _state()["layers"][1]["bias"])  # type: ignore[index]
+
+
+def sharded_small_leaves(root: str) -> dict[str, object]:
+    """Save small leaves, some split over this process's devices; restore them.
+
+    Returns where the pack put whole leaves and shards, the leaves read in bulk, and
+    what came back different.
+    """
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from nbckpt.engine.restore.bulk import BulkReads
+
+    mesh = Mesh(np.array(jax.devices()), ("x",))
+    split, repl = NamedSharding(mesh, P("x")), NamedSharding(mesh, P())
+    values = {f"v{i}": np.arange(16 * (i + 1), dtype=np.float32) + i for i in range(6)}
+    tree = {
+        k: jax.device_put(v, split if i % 2 else repl) for i, (k, v) in enumerate(values.items())
+    }
+    ck = AsyncCheckpointer(root)
+    ck.save(1, tree)
+    ck.wait_until_finished()
+    index: PackIndex = {}
+    read_checksums(Path(root) / "1", index)
+    whole = [
+        w.offset
+        for name in index
+        for key, w in index[name].items()
+        if key == "0" and len(index[name]) == 1
+    ]
+    shards = [w.offset for name in index for w in index[name].values() if len(index[name]) > 1]
+    taken: list[str] = []
+    add = BulkReads.add
+
+    def spy(self: BulkReads, meta: dict[str, object], *args: object, **kw: object) -> object:
+        leaf = add(self, meta, *args, **kw)  # type: ignore[arg-type]
+        if leaf is not None:
+            taken.append(str(meta["name"]))
+        return leaf
+
+    BulkReads.add = spy  # type: ignore[method-assign]
+    try:
+        out = ck.restore(1, target=tree)
+    finally:
+        BulkReads.add = add  # type: ignore[method-assign]
+    differ = [
+        k for k, v in values.items() if not _same(out[k], v) or out[k].sharding != tree[k].sharding
+    ]
+    return {
+        "whole_last": max(whole),
+        "shards_first": min(shards),
+        "taken": sorted(taken),
+        "differ": differ,
+    }
+
+
+@pytest.mark.multihost
+def test_shards_of_small_leaves_follow_whole_ones_and_all_are_read_in_bulk(group1, tmp_path):
+    (got,) = group1.run(f"{T}:sharded_small_leaves", str(tmp_path))
+    # Every process reads the whole leaves, only one each shard: they come first.
+    assert got["whole_last"] < got["shards_first"]
+    assert got["taken"] == [f"v{i}" for i in range(6)] and got["differ"] == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["a", "b"]), st.integers(0, 1 << 24), st.integers(0, 1 << 21)),
+        min_size=1,
+        max_size=60,
+        unique_by=lambda c: (c[0], c[1]),
+    )
+)
+def test_stretches_hold_every_chunk_once_within_their_bounds(chunks):
+    from nbckpt.engine.restore import bulk
+    from nbckpt.formats.packs import PackedChunk
+
+    parts = [
+        (None, bulk.BulkChunk(str(i), PackedChunk(f, o, n), (n,), None))
+        for i, (f, o, n) in enumerate(chunks)
+    ]
+    seen = []
+    for file, start, stop, group in bulk._stretches(parts):  # type: ignore[arg-type]
+        ends = [c.where.offset + c.where.nbytes for _, c in group]
+        assert all(c.where.file == file for _, c in group)
+        assert start == min(c.where.offset for _, c in group) and stop == max(ends)
+        assert stop - start <= bulk.STRETCH_BYTES or len(group) == 1
+        seen += [c.key for _, c in group]
+    assert sorted(seen) == sorted(str(i) for i in range(len(chunks)))

@@ -104,6 +104,22 @@ class PackedSource:
             f"{where.offset}-{where.offset + where.nbytes})"
         )
 
+    @property
+    def local(self) -> bool:
+        """Whether the packs are local files (read with ``pread``), not objects."""
+        return self._local
+
+    def single_chunk(self, name: str) -> tuple[str, PackedChunk] | None:
+        """The key and place of packed leaf ``name``'s one chunk (None: not so stored)."""
+        chunks = self._index.get(name) if name in self._leaves else None
+        if chunks is None or len(chunks) != 1:
+            return None
+        return next(iter(chunks.items()))
+
+    def chunk(self, name: str, key: str) -> PackedChunk | None:
+        """Where chunk ``key`` of packed leaf ``name`` lies (None: not in the packs)."""
+        return self._index.get(name, {}).get(key) if name in self._leaves else None
+
     def note(self) -> str | None:
         """Nothing: the chunks are checked against their recorded checksums."""
         return None
@@ -153,21 +169,22 @@ class PackedSource:
         # Stretches of two fetches may overlap: look at the others too.
         return next((s for s in spans if s[0] <= where.offset and end <= s[1]), None)
 
-    def _bytes(self, name: str, key: str, where: PackedChunk) -> memoryview:
+    def chunk_bytes(self, name: str, key: str, where: PackedChunk) -> memoryview:
+        """The bytes of one chunk of an object store's pack (requested by :meth:`fetch`)."""
         end = where.offset + where.nbytes
         span = self._span(where)
         assert span is not None, "fetch() requested every chunk assembled"
         try:
             data = span[2].result()
         except FileNotFoundError:
-            raise self._damaged(name, key, f"its pack {where.file} is missing") from None
+            raise self.damaged(name, key, f"its pack {where.file} is missing") from None
         except ValueError as e:
             if not str(e).startswith("OUT_OF_RANGE"):
                 raise
-            raise self._damaged(name, key, f"its pack {where.file} is cut short") from None
+            raise self.damaged(name, key, f"its pack {where.file} is cut short") from None
         piece = memoryview(data)[where.offset - span[0] : end - span[0]]
         if len(piece) != where.nbytes:
-            raise self._damaged(name, key, f"its pack {where.file} is cut short")
+            raise self.damaged(name, key, f"its pack {where.file} is cut short")
         return piece
 
     def _pread(self, name: str, key: str, where: PackedChunk, out: np.ndarray) -> None:
@@ -179,10 +196,10 @@ class PackedSource:
                     str(self.directory / where.file), os.O_RDONLY
                 )
             except FileNotFoundError:
-                raise self._damaged(name, key, f"its pack {where.file} is missing") from None
+                raise self.damaged(name, key, f"its pack {where.file} is missing") from None
         got = os.preadv(fd, [out.reshape(-1).view(np.uint8).data], where.offset)
         if got != where.nbytes:
-            raise self._damaged(name, key, f"its pack {where.file} is cut short")
+            raise self.damaged(name, key, f"its pack {where.file} is cut short")
 
     def close(self) -> None:
         """Close the local packs this source opened (it opens them again if asked)."""
@@ -194,7 +211,8 @@ class PackedSource:
         with contextlib.suppress(Exception):
             self.close()
 
-    def _damaged(self, name: str, key: str | None, detail: str) -> CorruptCheckpointError:
+    def damaged(self, name: str, key: str | None, detail: str) -> CorruptCheckpointError:
+        """The error that says chunk ``key`` of packed leaf ``name`` is damaged."""
         meta = self._leaves[name]
         where = path_str(tuple((k, v) for k, v in meta.get("path", [])))
         chunk = f"chunk {key}: " if key is not None else ""
@@ -213,10 +231,10 @@ class PackedSource:
         for glob, where in self._chunks(name, [box]):
             key = chunk_key(glob, meta["chunks"])
             if where is None:
-                raise self._damaged(name, key, "the packs hold no such chunk")
+                raise self.damaged(name, key, "the packs hold no such chunk")
             shape = tuple(s.stop - s.start for s in glob)
             if where.nbytes != math.prod(shape) * dtype.itemsize:
-                raise self._damaged(name, key, f"its packed size {where.nbytes} is wrong")
+                raise self.damaged(name, key, f"its packed size {where.nbytes} is wrong")
             whole = tuple((g.start, g.stop) for g in glob) == box and out.flags.c_contiguous
             if self._local and whole:
                 self._pread(name, key, where, out)  # straight into the buffer: one copy
@@ -225,7 +243,7 @@ class PackedSource:
                 chunk = np.empty(shape, dtype)
                 self._pread(name, key, where, chunk)
             else:
-                chunk = np.frombuffer(self._bytes(name, key, where), dtype).reshape(shape)
+                chunk = np.frombuffer(self.chunk_bytes(name, key, where), dtype).reshape(shape)
             inside = [
                 (max(g.start, a), min(g.stop, b)) for g, (a, b) in zip(glob, box, strict=True)
             ]

@@ -43,6 +43,7 @@ __all__ = [
     "Box",
     "LeafRead",
     "aligned_empty",
+    "leaf_value",
 ]
 
 #: XLA's CPU client adopts a host buffer without copying it only if it is aligned to
@@ -380,21 +381,35 @@ class LeafRead:
 
     def result(self) -> Any:
         """Return the restored leaf: a Python number, a host array or a jax array."""
-        meta = self.meta
-        if meta["kind"] == "scalar":
-            return _number(meta)
-        if self.sharding is None:
-            host = self.placed[0]
-            value = host.item() if meta.get("python_scalar") else host
-        else:
-            bufs = [self.placed[i] for i in range(len(self.devices))]
-            value = jax.make_array_from_single_device_arrays(self.shape, self.sharding, bufs)
-            if self.weak:
-                value = weaken(value)
-        if meta.get("key_impl"):
-            # A typed PRNG key, stored as its key data.
-            return jax.random.wrap_key_data(value, impl=meta["key_impl"])
-        return value
+        if self.meta["kind"] == "scalar":
+            return _number(self.meta)
+        placed = [self.placed[i] for i in range(len(self.devices))]
+        return leaf_value(self.meta, self.shape, self.sharding, placed, self.weak)
+
+
+def leaf_value(
+    meta: dict[str, Any],
+    shape: tuple[int, ...],
+    sharding: jax.sharding.Sharding | None,
+    placed: list[Any],
+    weak: bool,
+) -> Any:
+    """The restored leaf from its parts: one host array, or one array per local device.
+
+    A host value is returned as it is (a Python number if it was saved as one); device
+    arrays are assembled under ``sharding``. A typed PRNG key comes back wrapped.
+    """
+    if sharding is None:
+        host = placed[0]
+        value = host.item() if meta.get("python_scalar") else host
+    else:
+        value = jax.make_array_from_single_device_arrays(shape, sharding, placed)
+        if weak:
+            value = weaken(value)
+    if meta.get("key_impl"):
+        # A typed PRNG key, stored as its key data.
+        return jax.random.wrap_key_data(value, impl=meta["key_impl"])
+    return value
 
 
 def _verify(leaf: LeafRead, read: RegionRead) -> None:

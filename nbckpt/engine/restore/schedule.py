@@ -30,7 +30,12 @@ __all__ = ["read_all"]
 _VERIFY_THREADS = max(1, min(4, (os.cpu_count() or 1) // 2))
 
 
-def read_all(leaves: list[LeafRead], progress: Callable[[int, int], None] | None = None) -> None:
+def read_all(
+    leaves: list[LeafRead],
+    progress: Callable[[int, int], None] | None = None,
+    meanwhile: Callable[[], None] | None = None,
+    meanwhile_bytes: int = 0,
+) -> None:
     """Issue every leaf's reads, check each as it completes, and place it on its devices.
 
     The checksum checks run on a few threads (the CRC releases the GIL), so that on a
@@ -42,6 +47,10 @@ def read_all(leaves: list[LeafRead], progress: Callable[[int, int], None] | None
     0), then with the bytes read and checked so far as
     :class:`~nbckpt.engine.progress.ProgressReport` paces it (each eighth of ``total``,
     and at least every 0.2 s while reads complete); the last read is not reported.
+
+    ``meanwhile()``, if given, runs on this thread once every read is issued, while
+    they are in flight (the small packed leaves read in bulk); its ``meanwhile_bytes``
+    count in the progress.
     """
     #: (a completed read, None) or (a checked read, its check's future).
     events: queue.SimpleQueue[tuple[RegionRead, Future[None] | None]] = queue.SimpleQueue()
@@ -55,7 +64,7 @@ def read_all(leaves: list[LeafRead], progress: Callable[[int, int], None] | None
             source.fetch()
     ordered = [leaf for leaf in leaves if not leaf.late] + [x for x in leaves if x.late]
     remaining = sum(leaf.issue(lambda r: events.put((r, None))) for leaf in ordered)
-    total = sum(leaf.nbytes for leaf in leaves)
+    total = sum(leaf.nbytes for leaf in leaves) + meanwhile_bytes
     report = ProgressReport(None if progress is None else lambda b: progress(b, total), total)
     if progress is not None:
         progress(0, total)
@@ -63,6 +72,9 @@ def read_all(leaves: list[LeafRead], progress: Callable[[int, int], None] | None
     if remaining > 1 and any(leaf.recorded is not None for leaf in leaves):
         pool = ThreadPoolExecutor(_VERIFY_THREADS, thread_name_prefix="nbckpt-verify")
     try:
+        if meanwhile is not None:
+            meanwhile()
+            report.add(meanwhile_bytes)
         while remaining:
             read, checked = events.get()
             small = read.buf.nbytes < SMALL_READ_BYTES

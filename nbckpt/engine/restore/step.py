@@ -33,6 +33,7 @@ from nbckpt.engine.arrays.tree import (
     path_str,
     unflatten_paths,
 )
+from nbckpt.engine.restore.bulk import BulkLeaf, BulkReads
 from nbckpt.engine.restore.exchange import (
     MIN_SPLIT_BYTES,
     JobReads,
@@ -43,6 +44,7 @@ from nbckpt.engine.restore.exchange import (
     verify_shares,
 )
 from nbckpt.engine.restore.orbax_step import restore_orbax_step
+from nbckpt.engine.restore.packed import PackedSource
 from nbckpt.engine.restore.reads import LeafRead
 from nbckpt.engine.restore.schedule import read_all
 from nbckpt.engine.restore.sources import source_for
@@ -257,9 +259,11 @@ def _restore_nbckpt(
         if job is None or sharding is None or m["kind"] == "scalar":
             return sharding, None
         shape, itemsize = tuple(m["shape"]), np.dtype(m["dtype"]).itemsize
+        if math.prod(shape) * itemsize < 2 * MIN_SPLIT_BYTES:
+            return sharding, None  # too small to share: decided before holders' cost
         held = holders(sharding, shape)
         together = [ps for ps in held.values() if len(ps) > 1]
-        if not together or math.prod(shape) * itemsize < 2 * MIN_SPLIT_BYTES:
+        if not together:
             return sharding, None
         if job.local_root and job.one_host(p for ps in together for p in ps):
             shared.append(len(leaves))
@@ -275,13 +279,26 @@ def _restore_nbckpt(
     tag = None if job is None or job.scratch is None else f"{job.scratch}|{directory}"
     if journal is not None:
         journal.emit(Event.READ_STARTED)
-    leaves: list[LeafRead] = []
+    leaves: list[LeafRead | BulkLeaf] = []
+    # Small packed leaves are read together, without a LeafRead each (see bulk.py).
+    bulk = BulkReads(source) if isinstance(source, PackedSource) else None
+
+    def leaf_read(
+        m: dict[str, Any], label: str | None, sharding: Any, dtype: Any, weak: bool, exact: bool
+    ) -> LeafRead | BulkLeaf:
+        read_as, shares = plan(sharding, m)
+        if bulk is not None and shares is None and read_as is sharding and is_packed(m):
+            label = label if label is not None else path_str(tuple((k, v) for k, v in m["path"]))
+            taken = bulk.add(m, label, sharding, dtype, sums(m), weak)
+            if taken is not None:
+                return taken
+        return LeafRead(source, m, read_as, dtype, sums(m), None, shares, tag, weak, exact)
+
     if target is None:
         paths: list[tuple[PathEntry, ...]] = []
         for m in meta["leaves"]:
             sharding = default_sharding(m) if m["kind"] == "jax" else None
-            read_as, shares = plan(sharding, m)
-            leaves.append(LeafRead(source, m, read_as, None, sums(m), shares=shares, scratch=tag))
+            leaves.append(leaf_read(m, None, sharding, None, False, False))
             paths.append(tuple((k, v) for k, v in m["path"]))
     else:
         flat, treedef = jax.tree_util.tree_flatten_with_path(target)
@@ -304,10 +321,7 @@ def _restore_nbckpt(
             weak = is_weak(t)
             exact = check_dtype(label, m.get("dtype"), dtype, cast, weak)
             check_sharding(label, sharding, m.get("shape", ()))
-            read_as, shares = plan(sharding, m)
-            leaves.append(
-                LeafRead(source, m, read_as, dtype, sums(m), None, shares, tag, weak, exact)
-            )
+            leaves.append(leaf_read(m, label, sharding, dtype, weak, exact))
         if not partial:
             _check_covered(meta, wanted)
 
@@ -316,17 +330,22 @@ def _restore_nbckpt(
             journal.emit(Event.READ_PROGRESS, bytes=done, total=total)
 
     try:
-        read_all(leaves, progress if journal is not None else None)
+        read_all(
+            [leaf for leaf in leaves if isinstance(leaf, LeafRead)],
+            progress if journal is not None else None,
+            None if bulk is None else bulk.read,
+            0 if bulk is None else bulk.nbytes,
+        )
         if gathered or shared:
             # Every process plans alike (same target, metadata and hosts), so all meet here.
             assert job is not None
             job.agree()
         for i in shared:
-            leaves[i].adopt()
+            _general(leaves[i]).adopt()
         values = [leaf.result() for leaf in leaves]
     finally:
         for i in shared:
-            leaves[i].release()
+            _general(leaves[i]).release()
     if gathered:
         where = sorted(gathered)
         moved = gather([values[i] for i in where], [gathered[i] for i in where])
@@ -346,6 +365,12 @@ def _restore_nbckpt(
             verified=recorded is not None,
         )
     return result
+
+
+def _general(leaf: LeafRead | BulkLeaf) -> LeafRead:
+    """A leaf read together with other processes: never one read in bulk."""
+    assert isinstance(leaf, LeafRead)
+    return leaf
 
 
 #: The reader of every layout in the registry (:data:`nbckpt.formats.registry.LAYOUTS`).
