@@ -141,3 +141,41 @@ def test_read_missing_operation_names_known_ones(tmp_path):
     JournalWriter(tmp_path, "a-op", 0, "save", 1).emit("requested")
     with pytest.raises(FileNotFoundError, match="a-op"):
         read_operation(tmp_path, "nope")
+
+
+# -- a committed save's summary (object stores) -----------------------------------------
+
+OP = "20260101T000000.000000-save-3"
+
+
+def _lines(events):
+    return "".join(json.dumps(e) + "\n" for e in events)
+
+
+def test_the_summary_stands_for_the_records_it_holds_and_a_process_record_wins(tmp_path):
+    from nbckpt.journal import SUMMARY_FILE, JournalReader
+
+    folder = tmp_path / ".nbckpt" / "ops" / OP
+    folder.mkdir(parents=True)
+    (folder / SUMMARY_FILE).write_text(_lines(_events(0, *FULL) + _events(1, *FULL[:-1])))
+    rec = read_operation(tmp_path, OP)
+    assert set(rec.processes) == {0, 1}
+    assert rec.processes[0].events[-1]["event"] == "committed"
+    assert [e["event"] for e in rec.processes[1].events][-1] == "barrier_exit"
+    # A process's own record, written after (it is never older), replaces its copy.
+    (folder / "process_1.jsonl").write_text(_lines(_events(1, *FULL)))
+    rec = read_operation(tmp_path, OP)
+    assert rec.status == "committed" and len(rec.processes[1].events) == len(FULL)
+    # A reader that followed the records before they were gathered and deleted takes
+    # the summary's longer copy, once, without counting any event twice.
+    (folder / SUMMARY_FILE).unlink()
+    (folder / "process_0.jsonl").write_text(_lines(_events(0, *FULL[:5])))
+    reader = JournalReader(folder)
+    assert reader.read() and len(reader.events[0]) == 5
+    (folder / "process_0.jsonl").unlink()
+    (folder / "process_1.jsonl").unlink()
+    (folder / SUMMARY_FILE).write_text(_lines(_events(0, *FULL) + _events(1, *FULL)))
+    assert reader.read()
+    assert [len(reader.events[p]) for p in (0, 1)] == [len(FULL)] * 2
+    assert not reader.read()  # read once: it does not change
+    assert reader.merge(OP).status == "committed"

@@ -8,6 +8,7 @@ SlowDown or stops answering, and a second server checks credentials.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -27,7 +28,13 @@ from nbckpt.errors import (
 from nbckpt.formats import inventory
 from nbckpt.formats.fsck import fsck
 from nbckpt.formats.layout import COMMIT_FILE, METADATA_FILE, all_steps, entry_state, latest_step
-from nbckpt.journal import list_operations, read_operation
+from nbckpt.journal import (
+    SUMMARY_FILE,
+    list_operations,
+    read_operation,
+    summarize,
+    summarize_later,
+)
 from nbckpt.procgroup import ProcessGroup
 from nbckpt.protocol import PHASES
 from nbckpt.storage import S3Path
@@ -94,6 +101,69 @@ def test_journal_and_views_read_from_the_bucket(group2, s3, root):
         assert proc.bytes_written > 0
     rows = inventory.list_steps(root)
     assert [r["step"] for r in rows] == [3]
+    # Once every process recorded the commit, the primary gathered the records into
+    # one object: a reader then makes one request for the save, not one per process.
+    keys = _op_keys(root, ops[0])
+    assert keys == [SUMMARY_FILE]
+    again = read_operation(root, ops[0])
+    assert again.status == "committed" and again.process_count == 2
+    # The same events, read from one object.
+    assert {p: r.events for p, r in again.processes.items()} == {
+        p: r.events for p, r in record.processes.items()
+    }
+    assert [r["step"] for r in inventory.list_steps(root)] == [3]
+    assert list_operations(root) == [ops[0]]
+
+
+def _op_keys(root: str, op: str, wait_s: float = 30.0) -> list[str]:
+    """The keys of an operation's journal folder once the summary is there (or not)."""
+    folder = storage.location(root) / ".nbckpt" / "ops" / op
+    assert isinstance(folder, S3Path)
+    deadline = time.monotonic() + wait_s
+    while True:
+        keys = sorted(folder.list_keys())
+        if keys == [SUMMARY_FILE] or time.monotonic() > deadline:
+            return keys
+        time.sleep(0.1)
+
+
+def _record(process: int, *events: str, **extra: object) -> bytes:
+    lines = [
+        {"t": 1.0 + i, "event": e, "kind": "save", "step": 1, "process": process, **extra}
+        for i, e in enumerate(events)
+    ]
+    return b"".join(json.dumps(x).encode() + b"\n" for x in lines)
+
+
+def test_only_a_committed_save_is_gathered_into_one_object(root):
+    base = storage.location(root) / ".nbckpt" / "ops"
+    assert isinstance(base, S3Path)
+    done = ("requested", "write_done", "committed")
+    # A process that failed keeps its evidence where it wrote it: nothing is gathered.
+    failed = base / "a"
+    (failed / "process_0.jsonl").write_bytes(_record(0, *done))
+    (failed / "process_1.jsonl").write_bytes(_record(1, "requested", "failed"))
+    assert summarize(failed, 2, wait_s=0.5, poll_s=0.1) is False
+    assert sorted(failed.list_keys()) == ["process_0.jsonl", "process_1.jsonl"]
+    # Nor a save a preemption notice asked for: its processes write once they may stop.
+    told = base / "b"
+    for p in (0, 1):
+        (told / f"process_{p}.jsonl").write_bytes(_record(p, *done, preemption={"t": 1}))
+    assert summarize(told, 2, wait_s=0.5, poll_s=0.1) is False
+    assert sorted(told.list_keys()) == ["process_0.jsonl", "process_1.jsonl"]
+    # A committed one: one object, the same events; a process that has not recorded
+    # its commit yet is waited for.
+    ok = base / "c"
+    (ok / "process_0.jsonl").write_bytes(_record(0, *done))
+    (ok / "process_1.jsonl").write_bytes(_record(1, *done[:2]))
+    thread = summarize_later(ok, 2)
+    time.sleep(0.5)
+    assert SUMMARY_FILE not in ok.list_keys()
+    (ok / "process_1.jsonl").write_bytes(_record(1, *done))
+    thread.join(timeout=30)
+    assert sorted(ok.list_keys()) == [SUMMARY_FILE]
+    rec = read_operation(root, "c")
+    assert [[e["event"] for e in rec.processes[p].events] for p in (0, 1)] == [list(done)] * 2
 
 
 def test_retention_deletes_only_old_steps_there(group2, s3, root):

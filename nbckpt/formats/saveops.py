@@ -63,7 +63,7 @@ def _op_header(root: storage.Location, op: str) -> tuple[str, int] | None:
     A failure of the store (:class:`~nbckpt.errors.StorageError`) is raised.
     """
     files: list[storage.Location] = sorted(
-        (ops_dir(root) / op).glob("process_*.jsonl"), key=lambda f: f.name
+        (ops_dir(root) / op).glob("*.jsonl"), key=lambda f: f.name
     )
     for path in files:
         try:

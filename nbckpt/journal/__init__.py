@@ -1,5 +1,7 @@
 """The journal: one append-only JSON Lines file per process per operation.
 
+On an object store, a committed save's files become one summary object.
+
 Writers live on the engines (:class:`JournalWriter`); readers merge the files of one
 operation into a single record (:func:`read_operation`). Nothing here needs jax.
 """
@@ -14,6 +16,7 @@ from nbckpt.journal._reader import (
     read_matching,
     read_operation,
 )
+from nbckpt.journal._summary import SUMMARY_FILE, summarize, summarize_later
 from nbckpt.journal._writer import EVENTS, JournalWriter
 
 __all__ = [
@@ -22,9 +25,12 @@ __all__ = [
     "JournalWriter",
     "OperationRecord",
     "PhaseSpan",
+    "SUMMARY_FILE",
     "ProcessRecord",
     "list_operations",
     "merge_events",
     "read_matching",
     "read_operation",
+    "summarize",
+    "summarize_later",
 ]

@@ -2,7 +2,9 @@
 
 :class:`JournalReader` is the one reader: it re-reads ``process_*.jsonl`` files
 incrementally (remembering each file's offset, keeping a torn last line for the next
-read), and :func:`read_operation` is a single read with it.
+read), and :func:`read_operation` is a single read with it. On an object store a
+committed save's records end up in one summary object
+(:mod:`nbckpt.journal._summary`), which it reads in their place.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 from nbckpt import storage
 from nbckpt.formats.layout import Where, ops_dir
 from nbckpt.gcpause import paused_gc
+from nbckpt.journal._summary import SUMMARY_FILE
 from nbckpt.protocol import (
     BARRIER_PREFIX,
     END_EVENT,
@@ -342,11 +345,18 @@ class JournalReader:
         self._partial: dict[int, bytes] = {}
         #: Every event read so far, by process, in the order written.
         self.events: dict[int, list[dict[str, Any]]] = {}
+        #: The processes whose events came from the operation's summary, and whether
+        #: it was read (it is written once, whole: see nbckpt.journal._summary).
+        self._summarized: set[int] = set()
+        self._summary_read = False
 
     def read(self) -> bool:
         """Read what was appended since the last read; tell whether there was anything."""
         grew = False
-        for path in storage.glob(self.folder, "process_*.jsonl"):
+        paths = storage.glob(self.folder, "*.jsonl")
+        if not self._summary_read and any(p.name == SUMMARY_FILE for p in paths):
+            grew = self._read_summary(self.folder / SUMMARY_FILE)
+        for path in paths:
             try:
                 process = int(path.stem.removeprefix("process_"))
             except ValueError:
@@ -356,6 +366,10 @@ class JournalReader:
                 chunk = _read_from(path, offset)
             except FileNotFoundError:
                 continue
+            if process in self._summarized:
+                # Its own record is there too: it is never older than its copy.
+                self._summarized.discard(process)
+                self.events[process] = []
             if not chunk:
                 continue
             self._offsets[process] = offset + len(chunk)
@@ -371,6 +385,32 @@ class JournalReader:
                 if isinstance(ev, dict):
                     events.append(ev)
                     grew = True
+        return grew
+
+    def _read_summary(self, path: Location) -> bool:
+        """Take the events of the processes whose own records were not read."""
+        try:
+            data = _read_from(path, 0)
+        except FileNotFoundError:
+            return False
+        self._summary_read = True
+        found: dict[int, list[dict[str, Any]]] = {}
+        for line in data.split(b"\n"):
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(ev, dict) and isinstance(ev.get("process"), int):
+                found.setdefault(ev["process"], []).append(ev)
+        grew = False
+        for process, events in found.items():
+            # A record read before its object was deleted may lack its last flush.
+            if len(events) > len(self.events.get(process, [])):
+                self.events[process] = events
+                self._offsets.pop(process, None)
+                self._partial.pop(process, None)
+                self._summarized.add(process)
+                grew = True
         return grew
 
     @property

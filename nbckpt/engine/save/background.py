@@ -49,7 +49,7 @@ from nbckpt.formats.layout import (
 from nbckpt.formats.orbax_write import orbax_records
 from nbckpt.formats.packs import is_packed
 from nbckpt.formats.retention import RetentionPolicy
-from nbckpt.journal import JournalWriter
+from nbckpt.journal import JournalWriter, summarize_later
 from nbckpt.protocol import (
     DECISION_KEY,
     Barrier,
@@ -60,7 +60,7 @@ from nbckpt.protocol import (
     barrier_key,
     barrier_phase,
 )
-from nbckpt.storage import Location
+from nbckpt.storage import Location, ObjectPath
 
 __all__ = ["SaveJob", "cut_off", "fail", "failures"]
 
@@ -222,6 +222,10 @@ class SaveJob:
             )
         finally:
             self.journal.close()
+        n = self.sync.process_count
+        if is_primary and self.persistent and n > 1 and isinstance(self.journal.path, ObjectPath):
+            # One object for the whole save, once every process has recorded the commit.
+            summarize_later(self.journal.path.parent, n)
         return None
 
     def _persist(self, work: Location, is_primary: bool, enter: Callable[[str], None]) -> None:
