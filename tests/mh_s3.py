@@ -52,6 +52,14 @@ def restore_check(env: dict[str, str], root: str, step: int | None, expect: int)
     return mh_tasks.check_state(state, expect)
 
 
+def restore_op(env: dict[str, str], root: str, step: int) -> tuple[str | None, list[str]]:
+    """Restore into ``mh_tasks``'s target; the restore's op, and what differs."""
+    _env(env)
+    ckptr = AsyncCheckpointer(root)
+    state = ckptr.restore(step, target=mh_tasks.target())
+    return ckptr.last_op, mh_tasks.check_state(state, step)
+
+
 def restore_error(env: dict[str, str], root: str, step: int | None) -> str | None:
     """Restore; return the error's text, or None."""
     _env(env)

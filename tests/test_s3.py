@@ -30,6 +30,7 @@ from nbckpt.formats.fsck import fsck
 from nbckpt.formats.layout import COMMIT_FILE, METADATA_FILE, all_steps, entry_state, latest_step
 from nbckpt.journal import (
     SUMMARY_FILE,
+    _summary,
     list_operations,
     read_operation,
     summarize,
@@ -113,6 +114,12 @@ def test_journal_and_views_read_from_the_bucket(group2, s3, root):
     }
     assert [r["step"] for r in inventory.list_steps(root)] == [3]
     assert list_operations(root) == [ops[0]]
+    # A restore ends as one object too, gathered by process 0.
+    (op, problems), second = group2.run(f"{T}:restore_op", env, root, 3)
+    assert problems == [] and second == (op, [])
+    assert _op_keys(root, op) == [SUMMARY_FILE]
+    restored = read_operation(root, op)
+    assert restored.status == "restored" and restored.process_count == 2
 
 
 def _op_keys(root: str, op: str, wait_s: float = 30.0) -> list[str]:
@@ -127,6 +134,10 @@ def _op_keys(root: str, op: str, wait_s: float = 30.0) -> list[str]:
         time.sleep(0.1)
 
 
+def _no_wait(seconds: float) -> None:
+    raise AssertionError(f"waited {seconds} s for a save that had failed")
+
+
 def _record(process: int, *events: str, **extra: object) -> bytes:
     lines = [
         {"t": 1.0 + i, "event": e, "kind": "save", "step": 1, "process": process, **extra}
@@ -139,11 +150,14 @@ def test_only_a_committed_save_is_gathered_into_one_object(root):
     base = storage.location(root) / ".nbckpt" / "ops"
     assert isinstance(base, S3Path)
     done = ("requested", "write_done", "committed")
-    # A process that failed keeps its evidence where it wrote it: nothing is gathered.
+    # A process that failed keeps its evidence where it wrote it: nothing is gathered,
+    # and nothing is waited for.
     failed = base / "a"
     (failed / "process_0.jsonl").write_bytes(_record(0, *done))
     (failed / "process_1.jsonl").write_bytes(_record(1, "requested", "failed"))
-    assert summarize(failed, 2, wait_s=0.5, poll_s=0.1) is False
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_summary, "_sleep", _no_wait)
+        assert summarize(failed, 2, wait_s=20, poll_s=0.1) is False
     assert sorted(failed.list_keys()) == ["process_0.jsonl", "process_1.jsonl"]
     # Nor a save a preemption notice asked for: its processes write once they may stop.
     told = base / "b"

@@ -1,4 +1,4 @@
-"""One journal object per save on an object store: the primary's summary of every record.
+"""One journal object per operation on an object store: a summary of every record.
 
 On an object store each process's record of an operation is an object of its own
 (:mod:`nbckpt.journal._writer`): a save of N processes leaves N objects, and every
@@ -9,10 +9,11 @@ the process objects it copied. A reader reads the summary as it reads the record
 holds (:class:`~nbckpt.journal.JournalReader`); where a process's own object is there
 too, that object wins: it is never older than its copy.
 
-Only a committed save is summarized. A failed one keeps each process's evidence where
-that process wrote it, and so does a save asked for by a preemption notice: after the
-commit, its processes record that they may stop. Local journals are files appended to,
-read at no cost per process, and are never summarized.
+A restore is summarized the same way by process 0, once every process has recorded
+that it restored. Only a successful operation is summarized. A failed one keeps each
+process's evidence where that process wrote it, and so does a save asked for by a
+preemption notice: after the commit, its processes record that they may stop. Local
+journals are files appended to, read at no cost per process, and are never summarized.
 """
 
 from __future__ import annotations
@@ -36,17 +37,24 @@ WAIT_S = 30.0
 POLL_S = 0.2
 #: Requests in flight at once.
 _THREADS = 16
+#: How the wait sleeps between looks (a test makes it refuse to).
+_sleep = time.sleep
 
 
 def summarize(
-    folder: ObjectPath, process_count: int, wait_s: float = WAIT_S, poll_s: float = POLL_S
+    folder: ObjectPath,
+    process_count: int,
+    end: str = Event.COMMITTED,
+    wait_s: float = WAIT_S,
+    poll_s: float = POLL_S,
 ) -> bool:
-    """Gather a committed save's records into one object, then delete theirs.
+    """Gather an operation's records into one object once each ends with ``end``.
 
-    Waits until every process's record ends with :data:`~nbckpt.protocol.Event.COMMITTED`
-    (at most ``wait_s``). Returns whether the summary was written; if not, or if the
-    store fails on the way, every record is left where it is (a reader merges what it
-    finds either way).
+    ``end`` is the event that ends the operation's kind successfully
+    (:data:`~nbckpt.protocol.END_EVENT`). Waits until every process's record ends so
+    (at most ``wait_s``; not at all once one has failed). Returns whether the summary
+    was written; if not, or if the store fails on the way, every record is left where
+    it is (a reader merges what it finds either way).
     """
     deadline = time.monotonic() + wait_s
     records: dict[int, bytes] = {}
@@ -54,13 +62,16 @@ def summarize(
         while True:
             missing = [p for p in range(process_count) if p not in records]
             for p, data in zip(missing, pool.map(lambda p: _read(folder, p), missing), strict=True):
-                if data is not None and _last_event(data) == Event.COMMITTED:
+                last = None if data is None else _last_event(data)
+                if last == Event.FAILED:
+                    return False  # its evidence stays where it was written
+                if data is not None and last == end:
                     records[p] = data
             if len(records) == process_count:
                 break
             if time.monotonic() + poll_s > deadline:
                 return False
-            time.sleep(poll_s)
+            _sleep(poll_s)
         if any(b'"preemption"' in data for data in records.values()):
             return False  # its processes write again once they may stop
         try:
@@ -71,19 +82,24 @@ def summarize(
     return True
 
 
-def summarize_later(folder: ObjectPath, process_count: int) -> threading.Thread:
-    """Run :func:`summarize` on a daemon thread (the save does not wait for it)."""
+def summarize_later(
+    folder: ObjectPath, process_count: int, end: str = Event.COMMITTED
+) -> threading.Thread:
+    """Run :func:`summarize` on a daemon thread (the operation does not wait for it)."""
     thread = threading.Thread(
-        target=_quietly, args=(folder, process_count), name="nbckpt-journal-summary", daemon=True
+        target=_quietly,
+        args=(folder, process_count, end),
+        name="nbckpt-journal-summary",
+        daemon=True,
     )
     thread.start()
     return thread
 
 
-def _quietly(folder: ObjectPath, process_count: int) -> None:
+def _quietly(folder: ObjectPath, process_count: int, end: str) -> None:
     # A journal is an observer: a store that fails here leaves the records as they are.
     with contextlib.suppress(Exception):
-        summarize(folder, process_count)
+        summarize(folder, process_count, end)
 
 
 def _record(folder: ObjectPath, process: int) -> ObjectPath:
