@@ -76,3 +76,28 @@ def test_every_registered_layout_has_a_reader():
     from nbckpt.formats.registry import STEP_FORMATS
 
     assert sorted(_READERS) == sorted(STEP_FORMATS)
+
+
+def test_a_listed_steps_metadata_is_parsed_once_until_it_changes(tmp_path, monkeypatch):
+    import os
+
+    from nbckpt.formats import registry
+
+    step = _step(tmp_path, "1", mode="rename")
+    parsed = []
+    read = registry.read_metadata
+    monkeypatch.setattr(registry, "read_metadata", lambda p: parsed.append(p) or read(p))
+    assert all_steps(tmp_path) == [1] and len(parsed) == 1
+    assert all_steps(tmp_path) == [1] and latest_step(tmp_path) == 1
+    assert len(parsed) == 1  # a large state's metadata is megabytes: not parsed again
+    # Any change to the file is seen: cut short ...
+    meta = step / METADATA_FILE
+    meta.write_text(meta.read_text()[:5])
+    assert all_steps(tmp_path) == [] and len(parsed) == 2
+    # ... or replaced by a file of the same size (another inode).
+    good = json.dumps({"mode": "rename"})
+    meta.write_text(good)
+    assert all_steps(tmp_path) == [1]
+    (tmp_path / "other").write_text(good.replace("rename", "renamX"))
+    os.replace(tmp_path / "other", meta)
+    assert all_steps(tmp_path) == []

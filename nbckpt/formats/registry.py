@@ -14,6 +14,7 @@ This module needs neither jax nor tensorstore.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Literal, Protocol, get_args
 
@@ -85,8 +86,32 @@ class NbckptLayout:
         """The commit file, or metadata of a rename-mode save (only finalized ones exist)."""
         if (path / COMMIT_FILE).is_file():
             return True
-        meta = read_metadata(path)
-        return meta is not None and meta.get("mode") == RENAME
+        if isinstance(path, Path):
+            try:
+                st = (path / METADATA_FILE).stat()
+            except OSError:
+                pass  # none (an older step's name for it is read below), or unreadable
+            else:
+                return _renamed(str(path), st.st_ino, st.st_size, st.st_mtime_ns)
+        return _renamed_save(path)
+
+
+def _renamed_save(path: Location) -> bool:
+    """Whether ``path`` holds the readable metadata of a rename-mode save."""
+    meta = read_metadata(path)
+    return meta is not None and meta.get("mode") == RENAME
+
+
+@functools.lru_cache(maxsize=4096)
+def _renamed(path: str, inode: int, size: int, mtime_ns: int) -> bool:
+    """:func:`_renamed_save` of a local step, remembered while its metadata file is unchanged.
+
+    The metadata of a state of thousands of leaves is megabytes of JSON: listing the
+    steps of a root (``all_steps``, which a save's preflight and ``should_save`` call)
+    parsed each step's in full every time. A file changed in any way (rewritten,
+    replaced, cut short) has another inode, size or time, and is read again.
+    """
+    return _renamed_save(Path(path))
 
 
 class OrbaxLayout:
