@@ -278,11 +278,10 @@ def test_a_target_that_cuts_packed_chunks_gets_their_intersection(group1, tmp_pa
 # -- small leaves read in bulk --------------------------------------------------------
 
 
-def _taken(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Record the names of the leaves each restore reads in bulk."""
+def _spying(taken: list[str]) -> object:
+    """``BulkReads.add``, recording in ``taken`` the name of each leaf it takes."""
     from nbckpt.engine.restore.bulk import BulkReads
 
-    taken: list[str] = []
     add = BulkReads.add
 
     def spy(self: BulkReads, meta: dict[str, object], *args: object, **kw: object) -> object:
@@ -291,7 +290,15 @@ def _taken(monkeypatch: pytest.MonkeyPatch) -> list[str]:
             taken.append(str(meta["name"]))
         return leaf
 
-    monkeypatch.setattr(BulkReads, "add", spy)
+    return spy
+
+
+def _taken(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record the names of the leaves each restore reads in bulk."""
+    from nbckpt.engine.restore.bulk import BulkReads
+
+    taken: list[str] = []
+    monkeypatch.setattr(BulkReads, "add", _spying(taken))
     return taken
 
 
@@ -363,14 +370,7 @@ def sharded_small_leaves(root: str) -> dict[str, object]:
     shards = [w.offset for name in index for w in index[name].values() if len(index[name]) > 1]
     taken: list[str] = []
     add = BulkReads.add
-
-    def spy(self: BulkReads, meta: dict[str, object], *args: object, **kw: object) -> object:
-        leaf = add(self, meta, *args, **kw)  # type: ignore[arg-type]
-        if leaf is not None:
-            taken.append(str(meta["name"]))
-        return leaf
-
-    BulkReads.add = spy  # type: ignore[method-assign]
+    BulkReads.add = _spying(taken)  # type: ignore[method-assign]
     try:
         out = ck.restore(1, target=tree)
     finally:
