@@ -9,6 +9,7 @@ SlowDown or stops answering, and a second server checks credentials.
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -34,7 +35,6 @@ from nbckpt.journal import (
     list_operations,
     read_operation,
     summarize,
-    summarize_later,
 )
 from nbckpt.procgroup import ProcessGroup
 from nbckpt.protocol import PHASES
@@ -170,12 +170,14 @@ def test_only_a_committed_save_is_gathered_into_one_object(root):
     ok = base / "c"
     (ok / "process_0.jsonl").write_bytes(_record(0, *done))
     (ok / "process_1.jsonl").write_bytes(_record(1, *done[:2]))
-    thread = summarize_later(ok, 2)
+    gathered: list[bool] = []
+    thread = threading.Thread(target=lambda: gathered.append(summarize(ok, 2)))
+    thread.start()
     time.sleep(0.5)
     assert SUMMARY_FILE not in ok.list_keys()
     (ok / "process_1.jsonl").write_bytes(_record(1, *done))
     thread.join(timeout=30)
-    assert sorted(ok.list_keys()) == [SUMMARY_FILE]
+    assert gathered == [True] and sorted(ok.list_keys()) == [SUMMARY_FILE]
     rec = read_operation(root, "c")
     assert [[e["event"] for e in rec.processes[p].events] for p in (0, 1)] == [list(done)] * 2
 

@@ -21,7 +21,7 @@ from nbckpt.engine.tiers.local import LocalTier
 from nbckpt.engine.tiers.recover import choose, gather_local
 from nbckpt.errors import StepNotFoundError
 from nbckpt.formats.layout import all_steps, step_dir
-from nbckpt.journal import JournalWriter, summarize_later
+from nbckpt.journal import JournalWriter, summarize_quietly
 from nbckpt.protocol import (
     READ_BARRIER,
     Cause,
@@ -141,5 +141,5 @@ def restore_agreed(
     n = ctx.sync.process_count
     if me == 0 and n > 1 and isinstance(journal.path, ObjectPath):
         # One object for the whole restore, once every process has recorded its end.
-        summarize_later(journal.path.parent, n, Event.RESTORED)
+        summarize_quietly(journal.path.parent, n, Event.RESTORED)
     return op, step, result

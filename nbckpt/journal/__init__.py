@@ -8,7 +8,7 @@ operation into a single record (:func:`read_operation`). Nothing here needs jax.
 
 from nbckpt.journal._files import JournalReader, list_operations, read_matching, read_operation
 from nbckpt.journal._reader import OperationRecord, PhaseSpan, ProcessRecord, merge_events
-from nbckpt.journal._summary import SUMMARY_FILE, summarize, summarize_later
+from nbckpt.journal._summary import SUMMARY_FILE, summarize, summarize_quietly
 from nbckpt.journal._writer import EVENTS, JournalWriter
 
 __all__ = [
@@ -24,5 +24,5 @@ __all__ = [
     "read_matching",
     "read_operation",
     "summarize",
-    "summarize_later",
+    "summarize_quietly",
 ]

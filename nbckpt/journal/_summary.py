@@ -5,9 +5,10 @@ On an object store each process's record of an operation is an object of its own
 reader lists and reads them all (1,024 requests to show one save of 1,024 processes).
 Once a save has committed, its primary gathers the records into one object,
 :data:`SUMMARY_FILE` (the same lines, record after record in process order), then deletes
-the process objects it copied. A reader reads the summary as it reads the records it
-holds (:class:`~nbckpt.journal.JournalReader`); where a process's own object is there
-too, that object wins: it is never older than its copy.
+the process objects it copied, before ``wait_until_finished`` returns. A reader reads
+the summary as it reads the records it holds (:class:`~nbckpt.journal.JournalReader`);
+where a process's own object is there too, that object wins: it is never older than
+its copy.
 
 A restore is summarized the same way by process 0, once every process has recorded
 that it restored. Only a successful operation is summarized. A failed one keeps each
@@ -20,19 +21,19 @@ from __future__ import annotations
 
 import contextlib
 import json
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 from nbckpt.protocol import Event
 from nbckpt.storage import ObjectPath
 
-__all__ = ["SUMMARY_FILE", "WAIT_S", "summarize", "summarize_later"]
+__all__ = ["SUMMARY_FILE", "WAIT_S", "summarize", "summarize_quietly"]
 
 #: The summary's name in the operation's folder.
 SUMMARY_FILE = "summary.jsonl"
-#: How long the primary waits for every process's record to end with the commit.
-WAIT_S = 30.0
+#: How long the primary waits for every process's record to end (the others record
+#: their end right after the last barrier: a process missing so long is gone).
+WAIT_S = 10.0
 #: How often it looks again meanwhile.
 POLL_S = 0.2
 #: Requests in flight at once.
@@ -82,24 +83,17 @@ def summarize(
     return True
 
 
-def summarize_later(
-    folder: ObjectPath, process_count: int, end: str = Event.COMMITTED
-) -> threading.Thread:
-    """Run :func:`summarize` on a daemon thread (the operation does not wait for it)."""
-    thread = threading.Thread(
-        target=_quietly,
-        args=(folder, process_count, end),
-        name="nbckpt-journal-summary",
-        daemon=True,
-    )
-    thread.start()
-    return thread
+def summarize_quietly(folder: ObjectPath, process_count: int, end: str = Event.COMMITTED) -> bool:
+    """:func:`summarize`, on the operation's own thread, never raising.
 
-
-def _quietly(folder: ObjectPath, process_count: int, end: str) -> None:
+    The operation returns (a save's ``wait_until_finished``, a restore) only once the
+    summary is written or given up: a summary written later, in the background, could
+    land after the caller deleted the root, and leave an object there.
+    """
     # A journal is an observer: a store that fails here leaves the records as they are.
     with contextlib.suppress(Exception):
-        summarize(folder, process_count, end)
+        return summarize(folder, process_count, end)
+    return False
 
 
 def _record(folder: ObjectPath, process: int) -> ObjectPath:

@@ -49,7 +49,7 @@ from nbckpt.formats.layout import (
 from nbckpt.formats.orbax_write import orbax_records
 from nbckpt.formats.packs import is_packed
 from nbckpt.formats.retention import RetentionPolicy
-from nbckpt.journal import JournalWriter, summarize_later
+from nbckpt.journal import JournalWriter, summarize_quietly
 from nbckpt.protocol import (
     DECISION_KEY,
     Barrier,
@@ -225,7 +225,7 @@ class SaveJob:
         n = self.sync.process_count
         if is_primary and self.persistent and n > 1 and isinstance(self.journal.path, ObjectPath):
             # One object for the whole save, once every process has recorded the commit.
-            summarize_later(self.journal.path.parent, n)
+            summarize_quietly(self.journal.path.parent, n)
         return None
 
     def _persist(self, work: Location, is_primary: bool, enter: Callable[[str], None]) -> None:
