@@ -179,3 +179,17 @@ def test_the_summary_stands_for_the_records_it_holds_and_a_process_record_wins(t
     assert [len(reader.events[p]) for p in (0, 1)] == [len(FULL)] * 2
     assert not reader.read()  # read once: it does not change
     assert reader.merge(OP).status == "committed"
+
+
+def test_a_record_gathered_while_it_is_listed_is_read_from_the_summary(tmp_path, monkeypatch):
+    from nbckpt import storage
+    from nbckpt.journal import SUMMARY_FILE
+
+    folder = tmp_path / ".nbckpt" / "ops" / OP
+    folder.mkdir(parents=True)
+    (folder / SUMMARY_FILE).write_text(_lines(_events(0, *FULL) + _events(1, *FULL)))
+    # The listing was taken before the summary was written and the records deleted.
+    stale = [folder / "process_0.jsonl", folder / "process_1.jsonl"]
+    monkeypatch.setattr(storage, "glob", lambda loc, pattern: list(stale))
+    rec = read_operation(tmp_path, OP)
+    assert sorted(rec.processes) == [0, 1] and rec.status == "committed"

@@ -63,6 +63,10 @@ class JournalReader:
             try:
                 chunk = _read_from(path, offset)
             except FileNotFoundError:
+                # Gathered into the summary since it was listed (the summary is written
+                # before the records are deleted), or deleted with the operation.
+                if not self._summary_read:
+                    grew = self._read_summary(self.folder / SUMMARY_FILE) or grew
                 continue
             if process in self._summarized:
                 # Its own record is there too: it is never older than its copy.
