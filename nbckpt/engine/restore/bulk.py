@@ -135,9 +135,9 @@ class BulkReads:
             devices: list[Any] = []
         else:
             check_x64(label, saved)
-            found = self.source.single_chunk(meta["name"])
-            if sharding.is_fully_replicated and found is not None:
-                # The common case, without asking the sharding where each device is.
+            if sharding.is_fully_replicated:
+                # The common case, without asking the sharding where each device is
+                # (a leaf of several chunks then finds no chunk of its whole below).
                 devices = sorted(sharding.addressable_devices, key=lambda d: d.id)
                 boxes = [tuple((0, d) for d in shape)] * len(devices)
             else:

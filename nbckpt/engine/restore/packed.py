@@ -109,13 +109,6 @@ class PackedSource:
         """Whether the packs are local files (read with ``pread``), not objects."""
         return self._local
 
-    def single_chunk(self, name: str) -> tuple[str, PackedChunk] | None:
-        """The key and place of packed leaf ``name``'s one chunk (None: not so stored)."""
-        chunks = self._index.get(name) if name in self._leaves else None
-        if chunks is None or len(chunks) != 1:
-            return None
-        return next(iter(chunks.items()))
-
     def chunk(self, name: str, key: str) -> PackedChunk | None:
         """Where chunk ``key`` of packed leaf ``name`` lies (None: not in the packs)."""
         return self._index.get(name, {}).get(key) if name in self._leaves else None
