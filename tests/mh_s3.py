@@ -1,8 +1,9 @@
 """Functions the object-store tests run inside real JAX processes.
 
-Each takes the S3 environment (endpoint, region, keys) as an argument and puts it in
-``os.environ`` first, as a user's job script would have it: the process group outlives
-any one S3 server, and nbckpt reads the environment when it names an ``s3://`` root.
+Each takes the store's environment (S3's endpoint, region and keys; GCS's endpoint and
+token) as an argument and puts it in ``os.environ`` first, as a user's job script would
+have it: the process group outlives any one server, and nbckpt reads the environment
+when it names an ``s3://`` or ``gs://`` root.
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ from nbckpt.engine import AsyncCheckpointer, hooks
 from nbckpt.errors import NbckptError
 from tests import mh_tasks
 
-_checkpointers: dict[tuple[str, str], AsyncCheckpointer] = {}
+# One checkpointer per root, options and store: a root is read against the store its
+# environment named when the checkpointer was made (the same URL on another server is
+# another store).
+_checkpointers: dict[tuple[str, str, str], AsyncCheckpointer] = {}
 
 
 def _env(env: dict[str, str]) -> None:
@@ -25,7 +29,7 @@ def _env(env: dict[str, str]) -> None:
 
 
 def _ckptr(root: str, **options: Any) -> AsyncCheckpointer:
-    key = (root, repr(sorted(options.items())))
+    key = (root, repr(sorted(options.items())), repr(sorted(os.environ.items())))
     if key not in _checkpointers:
         _checkpointers[key] = AsyncCheckpointer(root, **options)
     return _checkpointers[key]

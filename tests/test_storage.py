@@ -143,7 +143,16 @@ def test_location_s3_urls() -> None:
 
 @pytest.mark.parametrize(
     "url",
-    ["gs://bkt/k", "http://example.invalid/x", "s3://", "s3:///k", "s3://bkt/../x", "file://rel"],
+    [
+        "az://bkt/k",
+        "http://example.invalid/x",
+        "s3://",
+        "s3:///k",
+        "s3://bkt/../x",
+        "gs://",
+        "gs://Bkt/k",
+        "file://rel",
+    ],
 )
 def test_location_refuses_other_urls(url: str) -> None:
     with pytest.raises(StorageURLError, match=re.escape(url)) as info:
@@ -164,9 +173,11 @@ def test_s3_path_is_never_a_local_path(tmp_path: Path, monkeypatch: pytest.Monke
     with pytest.raises(TypeError):
         Path(loc)  # type: ignore[arg-type]
     with pytest.raises(StorageURLError):
-        storage.location("gs://bkt/run1")
+        storage.location("az://bkt/run1")
+    assert not isinstance(storage.location("gs://bkt/run1"), os.PathLike)
     assert not (tmp_path / "s3:").exists()
     assert not (tmp_path / "gs:").exists()
+    assert not (tmp_path / "az:").exists()
     assert list(tmp_path.iterdir()) == []
 
 

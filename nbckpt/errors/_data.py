@@ -18,7 +18,14 @@ class StepNotFoundError(CheckpointDataError, FileNotFoundError):
         self.existing = existing
         have = ", ".join(str(s) for s in existing) if existing else "none"
         what = "no complete checkpoint" if step is None else f"no complete step {step}"
-        super().__init__(f"{what} in {root}; complete steps there: {have}")
+        # GCS answers 404 for a missing bucket as for a missing object, and tensorstore
+        # lists both as empty: the one case where a typo in a bucket's name is silent.
+        typo = (
+            "; a bucket that does not exist also reads as empty on gs://"
+            if (not existing and root.startswith("gs://"))
+            else ""
+        )
+        super().__init__(f"{what} in {root}; complete steps there: {have}{typo}")
 
 
 class ForeignEntryError(CheckpointDataError, FileExistsError):

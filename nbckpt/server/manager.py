@@ -11,9 +11,11 @@ a notebook prints). :meth:`CheckpointManager.roots` offers the roots the running
 clusters use and those found below the server's root (:mod:`nbckpt.server.roots`), and
 :meth:`CheckpointManager.activity` what is in flight or failed in the former.
 
-A root may also be an object-store URL (``s3://bucket/prefix``) when the server has
-credentials for that store in its own environment (``AWS_ACCESS_KEY_ID`` and
-``AWS_SECRET_ACCESS_KEY``, or ``AWS_PROFILE``): it is then read with those credentials,
+A root may also be an object-store URL (``s3://`` or ``gs://bucket/prefix``) when the
+server has credentials for that store in its own environment (``AWS_ACCESS_KEY_ID`` and
+``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE`` or a credentials file for S3;
+``GOOGLE_APPLICATION_CREDENTIALS`` or gcloud's application default credentials for
+GCS): it is then read with those credentials,
 behind the same authentication as every route, and only read. A failure of the store
 is answered 502 with the store's one-line message.
 """
@@ -34,7 +36,7 @@ from nbckpt.journal import list_operations, read_operation
 from nbckpt.protocol import ProtocolNames, as_json
 from nbckpt.protocol.views import Activity, ClusterRoot, FoundRoot, Operations, Roots
 from nbckpt.server.roots import ClusterRecord, running_clusters, scan
-from nbckpt.storage import Location
+from nbckpt.storage import Location, ObjectPath
 from nbckpt.views.answers import (
     Checkpoints,
     RecentOperations,
@@ -83,13 +85,9 @@ class StoreFailedError(ManagerError):
     status = 502
 
 
-def has_object_credentials() -> bool:
-    """Whether this process's environment names credentials for an object store."""
-    env = os.environ
-    return bool(
-        (env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY"))
-        or env.get("AWS_PROFILE")
-    )
+def has_object_credentials(where: ObjectPath) -> bool:
+    """Whether this process's environment names credentials for ``where``'s store."""
+    return where.credential_source is not None
 
 
 def _unread_cluster(record: ClusterRecord) -> ClusterRoot:
@@ -179,10 +177,10 @@ class CheckpointManager:
             raise BadRequestError(str(e)) from None
         if isinstance(where, Path):  # file:// is a local path: confined like the rest
             return self.resolve(self.relative_or_refuse(where))
-        if not has_object_credentials():
+        if not has_object_credentials(where):
             raise ForbiddenPathError(
                 f"the server has no credentials for {url}: start it with "
-                "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE set"
+                f"{where.credentials_hint} set"
             )
         return where
 

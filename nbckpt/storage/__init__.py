@@ -2,9 +2,10 @@
 
 :func:`location` turns what a user typed into a *location*: a :class:`pathlib.Path`
 for a local (or shared POSIX) root, or an :class:`~nbckpt.storage.objects.ObjectPath`
-for ``s3://bucket/prefix``. Both offer the same part of pathlib's interface (``/``,
-``name``, ``exists``, ``iterdir``, ``read_bytes`` …), so the layout, the journal and
-every reader are written once. What differs is here, behind four functions:
+for ``s3://bucket/prefix`` (:class:`S3Path`) or ``gs://bucket/prefix``
+(:class:`GCSPath`). Both offer the same part of pathlib's interface (``/``, ``name``,
+``exists``, ``iterdir``, ``read_bytes`` …), so the layout, the journal and every reader
+are written once. What differs is here, behind four functions:
 
 - :func:`write_durable`: on return the bytes survive a crash (fsync; an acknowledged PUT),
   and :func:`write_all_durable`, the same for many files and directories at once;
@@ -12,8 +13,8 @@ every reader are written once. What differs is here, behind four functions:
 - :func:`remove_tree`: delete a directory or prefix;
 - :func:`can_rename`: whether the store renames atomically (rename mode needs it);
 
-and :func:`kvstore_spec`, how tensorstore reaches a directory. A new backend (``gs://``)
-is a new :class:`ObjectPath` subclass registered in :data:`SCHEMES`.
+and :func:`kvstore_spec`, how tensorstore reaches a directory. A new backend is a new
+:class:`ObjectPath` subclass registered in :data:`SCHEMES`.
 
 A URL whose scheme is not supported is an error, never a local path: ``s3:`` is not a
 directory name nbckpt will make. Nothing here imports tensorstore until a request is made.
@@ -32,11 +33,13 @@ from typing import Any, TypeAlias
 from nbckpt.errors import RenameUnavailableError, StorageError, StorageURLError
 from nbckpt.protocol import COMMIT_FILE_MODE, MODES, RENAME, Mode
 from nbckpt.storage import local as _local
+from nbckpt.storage.gcs import GCSPath
 from nbckpt.storage.objects import ObjectPath
 from nbckpt.storage.s3 import S3Path
 
 __all__ = [
     "SCHEMES",
+    "GCSPath",
     "Location",
     "ObjectPath",
     "S3Path",
@@ -57,7 +60,7 @@ __all__ = [
 Location: TypeAlias = Path | ObjectPath
 
 #: The object stores nbckpt can hold a root in, by URL scheme.
-SCHEMES: dict[str, type[ObjectPath]] = {"s3": S3Path}
+SCHEMES: dict[str, type[ObjectPath]] = {"s3": S3Path, "gs": GCSPath}
 
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://(.*)$", re.DOTALL)
 # A store's scheme followed by a colon but not by "//".
@@ -80,12 +83,12 @@ def location(root: str | os.PathLike[str] | Location) -> Location:
     ----------
     root
         A local path (``~`` expanded, made absolute), ``file:///abs/path``,
-        ``s3://bucket/prefix``, or a location already.
+        ``s3://bucket/prefix``, ``gs://bucket/prefix``, or a location already.
 
     Raises
     ------
     StorageURLError
-        For a URL of any other scheme, or ``s3://`` without a bucket.
+        For a URL of any other scheme, or one without a (valid) bucket name.
     ValueError
         For an empty root, which would otherwise be the current directory.
     """
@@ -94,7 +97,7 @@ def location(root: str | os.PathLike[str] | Location) -> Location:
     text = os.fspath(root)
     if not text.strip():  # "" would be the current directory: never a choice by accident
         raise ValueError(
-            "the checkpoint root is empty; name a directory (or s3://bucket/prefix), "
+            "the checkpoint root is empty; name a directory (or s3:// or gs://bucket/prefix), "
             "nothing was written"
         )
     match = _URL.match(text)

@@ -7,7 +7,7 @@ local disk and from a bucket. A "directory" is a key prefix: it exists while som
 lies under it, and making one is a no-op. Nothing here renames: object stores have no
 atomic rename, which is why steps there are published by a commit object.
 
-A backend (``s3://``, later ``gs://``) is a subclass that says how to reach its bucket
+A backend (``s3://``, ``gs://``) is a subclass that says how to reach its bucket
 (:meth:`ObjectPath.bucket_spec`). tensorstore is imported on first use, so the notebook
 side can name an object root without it.
 """
@@ -24,7 +24,27 @@ from nbckpt.errors import StorageError
 if TYPE_CHECKING:
     import tensorstore as ts
 
-__all__ = ["DEFAULT_TIMEOUT_S", "ObjectPath"]
+__all__ = ["DEFAULT_TIMEOUT_S", "RETRIES", "RETRY_CONTEXT", "ObjectPath"]
+
+#: Retries of a failed or throttled request (HTTP 5xx, 429, ``SlowDown``), with a delay
+#: that doubles from ``initial_delay`` up to ``max_delay``: about 13 s in all before a
+#: request is reported as failed.
+RETRIES: dict[str, Any] = {"max_retries": 6, "initial_delay": "0.2s", "max_delay": "5s"}
+
+#: The tensorstore context resources that bound every object store's retries; part of
+#: each context nbckpt opens arrays in.
+RETRY_CONTEXT: dict[str, Any] = {"s3_request_retries": RETRIES, "gcs_request_retries": RETRIES}
+
+#: What tensorstore's (curl's) errors say when a store cannot be reached or answers
+#: nothing.
+UNREACHABLE = (
+    "UNAVAILABLE",
+    "Connection refused",
+    "connect to server",
+    "Failed to connect",
+    "Empty reply from server",  # it took the connection, then closed it
+    "Server returned nothing",
+)
 
 #: The longest any one request (with the store's own retries) may take before it is
 #: reported as a failure of the store.
@@ -53,6 +73,10 @@ class ObjectPath:
 
     #: The URL scheme, e.g. ``"s3"``.
     scheme: ClassVar[str] = ""
+    #: tensorstore's kvstore driver for it, e.g. ``"gcs"``.
+    driver: ClassVar[str] = ""
+    #: How a user gives this store's credentials to a process, for messages.
+    credentials_hint: ClassVar[str] = ""
 
     def __init__(self, bucket: str, key: str = "") -> None:
         if not bucket:
@@ -73,6 +97,18 @@ class ObjectPath:
         """The tensorstore context resources this backend's requests use."""
         return {}
 
+    @property
+    def endpoint(self) -> str:
+        """The address requests go to, for messages."""
+        return f"{self.scheme}://"
+
+    @property
+    def credential_source(self) -> str | None:
+        """Where this process's credentials for the store come from; None if nowhere."""
+        settings: dict[str, Any] = getattr(self, "settings", {})
+        source: str | None = settings.get("credential_source")
+        return source
+
     def advice(self, reason: str) -> str:
         """What to do about a failure whose reason :meth:`classify` gave."""
         return "check the store and try again"
@@ -80,12 +116,17 @@ class ObjectPath:
     def failed_request(self, exc: BaseException) -> bool:
         """Whether ``exc`` (raised by tensorstore) is a request to this store that failed.
 
-        A timeout, an HTTP exchange (a status, curl's error), or an error about a spec
-        of this store's driver; anything else (a dtype, a shape) is not the store's.
+        A timeout, an HTTP exchange (a status, curl's error), a connection that failed
+        or got no answer, or an error about a spec of this store's driver; anything
+        else (a dtype, a shape) is not the store's.
         """
         text = str(exc)
-        marks = ("http_response_code", "CURL", f'"driver":"{self.scheme}"')
+        marks = ("http_response_code", "CURL", f'"driver":"{self.driver}"', *UNREACHABLE)
         return isinstance(exc, TimeoutError) or any(m in text for m in marks)
+
+    def unreachable(self, exc: BaseException) -> bool:
+        """Whether ``exc`` says the store could not be reached, or did not answer."""
+        return isinstance(exc, TimeoutError) or any(m in str(exc) for m in UNREACHABLE)
 
     def classify(self, exc: BaseException) -> str:
         """Say in a few words why a request failed."""
@@ -180,7 +221,9 @@ class ObjectPath:
         import tensorstore as ts
 
         spec = self.bucket_spec()
-        ident = (type(self).__name__, repr(sorted(spec.items())))
+        # The endpoint too: GCS's comes from the environment, not the spec, and a store
+        # opened for one address must not answer for another.
+        ident = (type(self).__name__, self.endpoint, repr(sorted(spec.items())))
         with _stores_lock:
             store = _stores.get(ident)
             if store is None:

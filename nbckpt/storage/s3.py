@@ -17,25 +17,9 @@ from __future__ import annotations
 import os
 from typing import Any, ClassVar
 
-from nbckpt.storage.objects import ObjectPath
+from nbckpt.storage.objects import RETRIES, ObjectPath
 
-__all__ = ["S3Path", "s3_settings"]
-
-#: Retries of a failed or throttled request (HTTP 5xx, ``SlowDown``), with a delay that
-#: doubles from ``initial_delay`` up to ``max_delay``: about 13 s in all before a
-#: request is reported as failed.
-RETRIES: dict[str, Any] = {"max_retries": 6, "initial_delay": "0.2s", "max_delay": "5s"}
-
-#: What tensorstore's (curl's) errors say when the store cannot be reached or answers
-#: nothing.
-_UNREACHABLE = (
-    "UNAVAILABLE",
-    "Connection refused",
-    "connect to server",
-    "Failed to connect",
-    "Empty reply from server",  # it took the connection, then closed it
-    "Server returned nothing",
-)
+__all__ = ["RETRIES", "S3Path", "s3_settings"]
 
 
 def s3_settings(env: dict[str, str] | None = None) -> dict[str, Any]:
@@ -94,6 +78,8 @@ class S3Path(ObjectPath):
     """A key or prefix in an S3 bucket: ``S3Path("bucket", "ckpt/run1")``."""
 
     scheme: ClassVar[str] = "s3"
+    driver: ClassVar[str] = "s3"
+    credentials_hint: ClassVar[str] = "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE"
 
     def __init__(self, bucket: str, key: str = "") -> None:
         super().__init__(bucket, key)
@@ -121,15 +107,10 @@ class S3Path(ObjectPath):
         """Bounded retries with backoff, so a dead store fails in seconds, not minutes."""
         return {"s3_request_retries": RETRIES}
 
-    def failed_request(self, exc: BaseException) -> bool:
-        """As for any store, and a connection that failed or got no answer."""
-        text = str(exc)
-        return super().failed_request(exc) or any(m in text for m in _UNREACHABLE)
-
     def classify(self, exc: BaseException) -> str:
         """Name the failure the way a user can act on it."""
         text = str(exc)
-        if isinstance(exc, TimeoutError) or any(m in text for m in _UNREACHABLE):
+        if self.unreachable(exc):
             return f"the store at {self.endpoint} did not answer"
         if "NoSuchBucket" in text:
             return f"bucket {self.bucket!r} does not exist"

@@ -40,7 +40,7 @@ from nbckpt.formats.orbax_names import OCDBT_PROCESS_PREFIX
 from nbckpt.formats.orbax_write import ORBAX_ARRAYS, OrbaxFlags, orbax_param_name
 from nbckpt.protocol import ORBAX_FORMAT, SaveFormat
 from nbckpt.storage import Location
-from nbckpt.storage.s3 import RETRIES
+from nbckpt.storage.objects import RETRY_CONTEXT
 
 __all__ = [
     "COMPRESSION",
@@ -60,7 +60,7 @@ _CONTEXT: Final = {
     # B-tree nodes of the OCDBT databases, read back while merging.
     "cache_pool#ocdbt": {"total_bytes_limit": 100_000_000},
     # Object stores: bounded retries with backoff, as for nbckpt's own arrays.
-    "s3_request_retries": RETRIES,
+    **RETRY_CONTEXT,
 }
 #: Orbax's OCDBT write options: a data file grows to at most 2 GiB; values up to
 #: 1 KiB (zarr.json, tiny chunks) live in the B-tree; one manifest file.

@@ -17,7 +17,7 @@ import tensorstore as ts
 
 from nbckpt import storage
 from nbckpt.storage import Location
-from nbckpt.storage.s3 import RETRIES
+from nbckpt.storage.objects import RETRY_CONTEXT
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
@@ -50,9 +50,9 @@ def context() -> ts.Context:
     """Return this process's tensorstore context.
 
     ``file_io_sync`` is on (tensorstore's default, spelled out because durability
-    depends on it): every file is fsync'd before its write commits. On S3 a write
-    commits when its PUT is acknowledged; a failed or throttled request is retried
-    with backoff a bounded number of times (:data:`nbckpt.storage.s3.RETRIES`).
+    depends on it): every file is fsync'd before its write commits. On an object store a
+    write commits when its PUT is acknowledged; a failed or throttled request is retried
+    with backoff a bounded number of times (:data:`nbckpt.storage.objects.RETRIES`).
     """
     global _context
     if _context is None:
@@ -76,7 +76,7 @@ def _make_context(*, sync: bool) -> ts.Context:
         {
             "file_io_sync": sync,
             "cache_pool": {"total_bytes_limit": 0},
-            "s3_request_retries": RETRIES,
+            **RETRY_CONTEXT,
         }
     )
 
