@@ -1,14 +1,17 @@
-"""nbckpt on an S3-compatible object store, side by side with raw tensorstore requests.
+"""nbckpt on an object store, side by side with raw tensorstore requests.
 
-Run: ``.venv/bin/python benchmarks/s3.py [--sizes 64M,256M] [--reps 3]``
-(``--quick``: 8 MiB, one repetition, a smoke run). Needs moto (the ``dev`` extra): the
-script starts its own S3 server (:class:`nbckpt.storage.local_s3.S3Server`, moto on 127.0.0.1).
+Run: ``.venv/bin/python benchmarks/s3.py [--store moto] [--sizes 64M,256M] [--reps 3]``
+(``--quick``: 8 MiB, one repetition, a smoke run). The script starts its own server on
+127.0.0.1 (the ``dev`` extra has all three): ``moto`` (S3, in memory, Python;
+:mod:`nbckpt.storage.local_s3`), ``seaweedfs`` (a real S3 server storing files, Go;
+:mod:`nbckpt.storage.local_seaweed`) or ``gcs`` (fake-gcs-server, GCS's JSON API through
+``gs://`` roots, Go, in memory; :mod:`nbckpt.storage.local_gcs`).
 
 One group of local JAX processes (one CPU device each) holds one float32 state of 8
 arrays sharded over every device (random values) and, in one run, in alternating order
 every repetition:
 
-- ``nbckpt``: ``AsyncCheckpointer("s3://bucket/…").save`` timed to the durable commit
+- ``nbckpt``: ``AsyncCheckpointer("s3://bucket/…").save`` (or ``gs://``) timed to the durable commit
   (``wait_until_finished``: commit-object mode, every PUT acknowledged), then a cold
   restore by a fresh ``AsyncCheckpointer`` on every process into the same shardings
   (nbckpt's tensorstore context has no cache, and S3 has no page cache to drop);
@@ -18,9 +21,10 @@ every repetition:
   GETs them back with ``KvStore.read``, all in flight: the limit of this server.
 
 Each figure is the median over repetitions of the slowest process. The requests each
-system sent are counted from the server's log. Everything written is deleted after
-each run, the bucket last, and the server is stopped. The last line printed sums up
-the ratios (nbckpt's time over raw's: 1.00x is the server's limit).
+system sent are counted from moto's log (the other servers log none: n/a). Everything
+written is deleted after each run, then the server is stopped (and forgets the
+bucket). The last line printed sums up the ratios (nbckpt's time over raw's: 1.00x is
+the server's limit).
 """
 
 from __future__ import annotations
@@ -44,12 +48,19 @@ from compare import fmt_size, gbps, group_of, med, parse_size, ratio  # noqa: E4
 
 from nbckpt import storage  # noqa: E402
 from nbckpt.procgroup import ProcessGroup  # noqa: E402
+from nbckpt.storage.local_gcs import GCSServer  # noqa: E402
 from nbckpt.storage.local_s3 import S3Server  # noqa: E402
+from nbckpt.storage.local_seaweed import SeaweedServer  # noqa: E402
 
 W = "_workers"
 S = "_s3_workers"
 SYSTEMS = ("nbckpt", "raw")
-SERVER = "moto S3 on 127.0.0.1"
+#: The servers, what each is, and its URL scheme.
+STORES: dict[str, tuple[type[S3Server | SeaweedServer | GCSServer], str, str]] = {
+    "moto": (S3Server, "moto S3 on 127.0.0.1 (Python, in memory)", "s3"),
+    "seaweedfs": (SeaweedServer, "SeaweedFS S3 on 127.0.0.1 (Go, files on local disk)", "s3"),
+    "gcs": (GCSServer, "fake-gcs-server on 127.0.0.1 (Go, in memory; gs://)", "gs"),
+}
 
 # One request in werkzeug's log: "PUT /bucket/key?query HTTP/1.1" 200
 _REQUEST = re.compile(
@@ -64,8 +75,8 @@ class RequestLog:
     is outside every timed region. Counts are ``n/a`` if the log cannot be read.
     """
 
-    def __init__(self, server: S3Server) -> None:
-        self.path: Path | None = server.log_path
+    def __init__(self, server: S3Server | SeaweedServer | GCSServer) -> None:
+        self.path: Path | None = server.log_path if isinstance(server, S3Server) else None
         self.offset = self._size()
 
     def _size(self) -> int:
@@ -110,7 +121,7 @@ def delete(url: str) -> None:
     storage.remove_tree(storage.location(url))
 
 
-def request_costs(bucket: str, count: int = 30) -> dict[str, float]:
+def request_costs(url: str, count: int = 30) -> dict[str, float]:
     """Milliseconds the server takes per small request, one at a time, from this process.
 
     What each of nbckpt's extra requests (metadata, journal, probes, listings) costs
@@ -118,12 +129,10 @@ def request_costs(bucket: str, count: int = 30) -> dict[str, float]:
     """
     import tensorstore as ts
 
-    from nbckpt.storage.s3 import RETRIES
+    from nbckpt.storage.objects import RETRY_CONTEXT
 
-    prefix = storage.location(f"s3://{bucket}/request-costs")
-    kv = ts.KvStore.open(
-        storage.kvstore_spec(prefix), context=ts.Context({"s3_request_retries": RETRIES})
-    ).result()
+    prefix = storage.location(f"{url}/request-costs")
+    kv = ts.KvStore.open(storage.kvstore_spec(prefix), context=ts.Context(RETRY_CONTEXT)).result()
     costs = {}
     for kind, call in (
         ("PUT", lambda i: kv.write(f"k{i}", b"x" * 100)),
@@ -141,7 +150,7 @@ def request_costs(bucket: str, count: int = 30) -> dict[str, float]:
 def bench_size(
     group: ProcessGroup,
     env: dict[str, str],
-    bucket: str,
+    url: str,
     requests: RequestLog,
     nbytes: int,
     reps: int,
@@ -153,7 +162,7 @@ def bench_size(
     tag = f"s{fig.nbytes}"
 
     def run_nb(rep: int) -> None:
-        root = f"s3://{bucket}/nb-{tag}-{rep}"
+        root = f"{url}/nb-{tag}-{rep}"
         requests.take()
         out = group.run(f"{S}:nb_save", env, root, rep)
         fig.save["nbckpt"].append(max(float(r["commit"]) for r in out))
@@ -163,7 +172,7 @@ def bench_size(
         delete(root)
 
     def run_raw(rep: int) -> None:
-        prefix = f"s3://{bucket}/raw-{tag}-{rep}"
+        prefix = f"{url}/raw-{tag}-{rep}"
         requests.take()
         out = group.run(f"{S}:raw_write", env, prefix, f"{tag}-{rep}")
         fig.save["raw"].append(max(float(r["write"]) for r in out))
@@ -193,10 +202,10 @@ def fmt_requests(counts: collections.Counter[str] | None) -> str:
     return ", ".join(f"{n} {kind}" for kind, n in counts.most_common()) or "none"
 
 
-def report(figures: list[Figures], processes: int, reps: int) -> list[str]:
+def report(figures: list[Figures], processes: int, reps: int, server: str) -> list[str]:
     """The Markdown tables."""
     lines = [
-        f"### Durable save and cold restore on S3 ({processes} processes, medians of {reps})",
+        f"### Durable save and cold restore on {server} ({processes} processes, medians of {reps})",
         "",
         "| size | measure | nbckpt | raw tensorstore | nbckpt/raw (time) |",
         "| --- | --- | --- | --- | --- |",
@@ -229,12 +238,12 @@ def report(figures: list[Figures], processes: int, reps: int) -> list[str]:
     return lines
 
 
-def summary(f: Figures, processes: int) -> str:
+def summary(f: Figures, processes: int, server: str) -> str:
     """The last line: nbckpt's time over raw's, for save and restore."""
     s = ratio(med(f.save["nbckpt"]), med(f.save["raw"]))
     r = ratio(med(f.restore["nbckpt"]), med(f.restore["raw"]))
     return (
-        f"SUMMARY ({processes} processes, {fmt_size(f.nbytes)}, {SERVER}): "
+        f"SUMMARY ({processes} processes, {fmt_size(f.nbytes)}, {server}): "
         f"save {s} raw, restore {r} raw (time; 1.00x is the server's limit)"
     )
 
@@ -242,6 +251,7 @@ def summary(f: Figures, processes: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Run the comparison and print it."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--store", choices=sorted(STORES), default="moto")
     parser.add_argument("--sizes", default="64M,256M")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--processes", type=int, default=4)
@@ -259,40 +269,41 @@ def main(argv: list[str] | None = None) -> int:
     left: int | None = None
     costs: dict[str, float] = {}
     bucket = f"nbckpt-bench-{uuid.uuid4().hex[:8]}"
-    server = S3Server()
+    kind, what, scheme = STORES[args.store]
+    url = f"{scheme}://{bucket}"
+    server = kind()
     try:
         server.create_bucket(bucket)
         env = server.env()
-        os.environ.update(env)  # the parent names s3:// roots too (to delete them)
-        costs = request_costs(bucket)
+        os.environ.update(env)  # the parent names the roots too (to delete them)
+        costs = request_costs(url)
         requests = RequestLog(server)
         with group_of(args.processes) as group:
             for nbytes in sizes:
                 log(f"size {fmt_size(nbytes)}")
-                figures.append(bench_size(group, env, bucket, requests, nbytes, args.reps, log))
+                figures.append(bench_size(group, env, url, requests, nbytes, args.reps, log))
             group.run(f"{W}:build", 0, 1)  # let go of the state
-        left = len(storage.S3Path(bucket).list_keys())
-        status, body = server.request("DELETE", f"/{bucket}")
-        if status not in (200, 204):
-            log(f"deleting bucket {bucket} failed: HTTP {status}: {body[:200]!r}")
+        found = storage.location(url)
+        assert isinstance(found, storage.ObjectPath)
+        left = len(found.list_keys())
     finally:
-        server.stop()
+        server.stop()  # and with it the bucket: every server here forgets it
     cli = argv if argv is not None else sys.argv[1:]
     command = " ".join(["benchmarks/s3.py", *cli])
-    print(f"# nbckpt vs raw tensorstore on S3 (`{command}`)")
+    print(f"# nbckpt vs raw tensorstore on {args.store} (`{command}`)")
     print(
-        f"{os.cpu_count()} cores; {SERVER} (Python, in memory: absolute figures are its "
-        f"limit, the ratios are what matter); {(time.time() - t0) / 60:.1f} minutes"
+        f"{os.cpu_count()} cores; {what}: absolute figures are this server's limit on "
+        f"this machine, the ratios are what matter; {(time.time() - t0) / 60:.1f} minutes"
     )
     print()
-    print("\n".join(report(figures, args.processes, args.reps)))
+    print("\n".join(report(figures, args.processes, args.reps, args.store)))
     print(
         "One small request (100 bytes), one at a time: "
         + ", ".join(f"{kind} {ms:.1f} ms" for kind, ms in costs.items())
         + "."
     )
-    print(f"Objects left in the bucket before deleting it: {left}.")
-    print(summary(figures[-1], args.processes))
+    print(f"Objects left in the bucket before stopping the server: {left}.")
+    print(summary(figures[-1], args.processes, args.store))
     return 0 if left == 0 else 1
 
 

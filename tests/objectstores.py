@@ -2,7 +2,7 @@
 
 - ``moto``: moto's S3 server, in memory (:mod:`nbckpt.storage.local_s3`);
 - ``seaweedfs``: SeaweedFS, a real S3 server storing files, checking signatures
-  (:mod:`tests.seaweed`);
+  (:mod:`nbckpt.storage.local_seaweed`);
 - ``gcs``: fake-gcs-server, GCS's JSON API, reached through ``gs://`` roots
   (:mod:`nbckpt.storage.local_gcs`).
 
@@ -19,8 +19,8 @@ from nbckpt import storage
 from nbckpt.storage import ObjectPath
 from nbckpt.storage.local_gcs import GCSServer
 from nbckpt.storage.local_s3 import S3Server
+from nbckpt.storage.local_seaweed import SeaweedServer
 from nbckpt.storage.local_server import LocalServer
-from tests.seaweed import SeaweedServer
 
 __all__ = ["KINDS", "Store", "keys"]
 

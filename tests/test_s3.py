@@ -35,9 +35,9 @@ from nbckpt.journal import (
     summarize,
 )
 from nbckpt.storage import S3Path
+from nbckpt.storage.local_seaweed import SeaweedServer
 from tests.ckpt_fixtures import api_get
 from tests.s3server import FaultProxy, S3Server
-from tests.seaweed import SeaweedServer
 
 pytestmark = pytest.mark.multihost
 T = "tests.mh_s3"

