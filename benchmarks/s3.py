@@ -44,7 +44,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path[:0] = [str(HERE), str(REPO)]
 
-from compare import fmt_size, gbps, group_of, med, parse_size, ratio  # noqa: E402
+from compare import fmt_size, gbps, group_of, med, parse_size, ratio, spread  # noqa: E402
 
 from nbckpt import storage  # noqa: E402
 from nbckpt.procgroup import ProcessGroup  # noqa: E402
@@ -207,19 +207,25 @@ def report(figures: list[Figures], processes: int, reps: int, server: str) -> li
     lines = [
         f"### Durable save and cold restore on {server} ({processes} processes, medians of {reps})",
         "",
-        "| size | measure | nbckpt | raw tensorstore | nbckpt/raw (time) |",
-        "| --- | --- | --- | --- | --- |",
+        "| size | measure | nbckpt | raw tensorstore | nbckpt/raw (time) | "
+        "nbckpt's speed / raw's, per repetition |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for f in figures:
         n, z = f.nbytes, fmt_size(f.nbytes)
         for measure, table in (("durable save", f.save), ("cold restore", f.restore)):
             t = {s: med(table[s]) for s in SYSTEMS}
             cells = " | ".join(f"{t[s]:.2f} s = {gbps(n, t[s]):.3f} GB/s" for s in SYSTEMS)
-            lines.append(f"| {z} | {measure} | {cells} | {ratio(t['nbckpt'], t['raw'])} |")
+            per_rep = spread(table["raw"], table["nbckpt"])
+            lines.append(
+                f"| {z} | {measure} | {cells} | {ratio(t['nbckpt'], t['raw'])} | {per_rep} |"
+            )
     lines += [
         "",
         "nbckpt/raw is nbckpt's time over raw tensorstore's (1.00x: the server's limit; "
-        "higher is slower).",
+        "higher is slower). The last column pairs the two systems within each repetition "
+        "(raw's time over nbckpt's: 1.00x is the limit, lower is slower): median (min-max), "
+        "how much this shared machine moved the ratio.",
         "",
         "### Requests the server answered (last repetition)",
         "",

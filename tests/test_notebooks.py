@@ -39,6 +39,7 @@ def test_notebook_runs(path, tmp_path):
     if path.stem == "07_object_storage":
         assert "rename mode is not available" in joined
         assert "restored from the bucket: True" in joined
+        assert "restored from gs://: True" in joined
     if path.stem == "08_preemption":
         assert "process 2: preempt notice sent (SIGTERM)" in joined
         stopped = re.search(r"all 4 processes stopped at step (\d+)", joined)

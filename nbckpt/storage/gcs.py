@@ -132,7 +132,7 @@ class GCSPath(ObjectPath):
             return "create the bucket or fix the URL"
         if "no Google credentials" in reason:
             return (
-                "run `gcloud auth application-default login` or set "
+                'run "gcloud auth application-default login" or set '
                 "GOOGLE_APPLICATION_CREDENTIALS where the request runs: the kernel, "
                 "or every engine"
             )
