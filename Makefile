@@ -35,10 +35,11 @@ browser-deps:
 	fi
 
 # The multihost tests start an sshd inside each test host (network namespaces made by
-# the tests themselves; see tests/sshhosts.py).
+# the tests themselves; see tests/sshhosts.py), and engines through Open MPI's mpiexec
+# (tests/test_mpi_cluster.py).
 host-deps:
-	@if [ ! -x /usr/sbin/sshd ]; then \
-		apt-get update && apt-get install -y --no-install-recommends openssh-server; \
+	@if [ ! -x /usr/sbin/sshd ] || [ ! -x /usr/bin/mpiexec ]; then \
+		apt-get update && apt-get install -y --no-install-recommends openssh-server openmpi-bin; \
 	fi
 
 lint: $(STAMP)

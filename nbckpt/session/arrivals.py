@@ -62,20 +62,27 @@ class Arrivals:
             time.sleep(0.1)
 
     def launchers(self) -> dict[str, Any]:
-        """The per-engine launchers of ipyparallel, by its key (``host/i`` for ssh)."""
+        """The per-engine launchers of ipyparallel, by its key (``host/i`` for ssh).
+
+        An engine set started by one command for all its engines (``mpiexec``) has no
+        per-engine launchers: it is its own, under the command's name.
+        """
         found: dict[str, Any] = {}
         for engine_set in (getattr(self.cluster, "engines", None) or {}).values():
-            found.update(getattr(engine_set, "launchers", None) or {})
+            each = getattr(engine_set, "launchers", None)
+            if each is None and hasattr(engine_set, "get_output"):
+                found[str(getattr(engine_set, "mpi_cmd", ["engines"])[0])] = engine_set
+            found.update(each or {})
         return found
 
     def exited(self) -> dict[str, str]:
-        """Engines whose process exited during the start: key -> the last line it wrote."""
+        """Engines whose process exited during the start: key -> why, in one line."""
         exited: dict[str, str] = {}
         for key, launcher in self.launchers().items():
             if launcher_exited(launcher):
                 text = ""
                 with contextlib.suppress(Exception):
-                    text = last_line(launcher.get_output() or "")
+                    text = exit_reason(launcher.get_output() or "")
                 exited[key] = text or "no output"
         return exited
 
@@ -143,6 +150,8 @@ class Arrivals:
         heard = [str(info["host"]) for info in infos]
         parts = [
             f"engine {which_engine(key)} exited before it registered: {text}"
+            if key.isdigit() or "/" in key
+            else f"{key} exited before the engines registered: {text}"
             for key, text in exited.items()
         ]
         if not exited:
@@ -164,6 +173,35 @@ def which_engine(key: str) -> str:
     """An engine by its launcher's key: ``on h1`` for ssh's ``h1/0``, the number else."""
     host = key.rpartition("/")[0]
     return f"on {host}" if host else str(key)
+
+
+#: What Open MPI's ``mpiexec`` says in a box when it refuses to start, and what to do.
+_MPIEXEC_REFUSALS = (
+    (
+        "attempt to run as root",
+        "mpiexec refuses to run as root: run the notebook as another user, or set "
+        "OMPI_ALLOW_RUN_AS_ROOT=1 and OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 in its environment",
+    ),
+    (
+        "not enough slots available",
+        "mpiexec has fewer slots (cores, or the hostfile's slots) than engines: give it "
+        "a hostfile (MPILauncher.mpi_args in the profile) or set "
+        "OMPI_MCA_rmaps_base_oversubscribe=1",
+    ),
+    (
+        "No module named 'mpi4py'",
+        "the engines need mpi4py (ipyparallel takes their ids from MPI ranks): "
+        "pip install mpi4py where they run",
+    ),
+)
+
+
+def exit_reason(output: str) -> str:
+    """Why a launch command exited, in one line: mpiexec's refusals said plainly."""
+    for said, meaning in _MPIEXEC_REFUSALS:
+        if said in output:
+            return meaning
+    return last_line(output)
 
 
 def launcher_exited(launcher: Any) -> bool:

@@ -10,6 +10,7 @@ gets, and one line for a launch command that failed. The cluster
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import shlex
 import socket
 import subprocess
@@ -132,6 +133,18 @@ class Launcher:
 
 class SchedulerLauncher(Launcher):
     """``"mpi"`` and ``"slurm"`` engines: placed by mpiexec or Slurm as the profile says."""
+
+    def check(self) -> None:
+        """MPI engines need mpi4py: ipyparallel takes their ids from their MPI ranks.
+
+        Asked of this kernel's Python, which is the engines' too on this machine and
+        wherever hosts share its environment.
+        """
+        if self.options.engines == "mpi" and importlib.util.find_spec("mpi4py") is None:
+            raise ClusterError(
+                "mpi engines need mpi4py (ipyparallel takes their ids from MPI ranks): "
+                "pip install mpi4py, here and wherever the engines run; nothing was started"
+            )
 
     def default_controller_ip(self) -> str:
         """The address of this machine's name, which the scheduler's hosts resolve too."""
