@@ -35,11 +35,14 @@ browser-deps:
 	fi
 
 # The multihost tests start an sshd inside each test host (network namespaces made by
-# the tests themselves; see tests/sshhosts.py), and engines through Open MPI's mpiexec
-# (tests/test_mpi_cluster.py).
+# the tests themselves; see tests/sshhosts.py), a Slurm cluster on them with munge
+# (tests/slurmhosts.py), and engines through Open MPI's mpiexec (tests/test_mpi_cluster.py).
+# Their daemons are started by the tests, with configs and keys of their own.
+HOST_PACKAGES := openssh-server openmpi-bin slurm-wlm munge
 host-deps:
-	@if [ ! -x /usr/sbin/sshd ] || [ ! -x /usr/bin/mpiexec ]; then \
-		apt-get update && apt-get install -y --no-install-recommends openssh-server openmpi-bin; \
+	@if [ ! -x /usr/sbin/sshd ] || [ ! -x /usr/bin/mpiexec ] || [ ! -x /usr/sbin/slurmctld ] \
+		|| [ ! -x /usr/sbin/munged ]; then \
+		apt-get update && apt-get install -y --no-install-recommends $(HOST_PACKAGES); \
 	fi
 
 lint: $(STAMP)

@@ -107,7 +107,8 @@ class NbckptMagics(InspectionMagics, TierMagics):
         took = f" in {cluster.timings['ready_s']:.1f} s" if "ready_s" in cluster.timings else ""
         print(
             f"{len(cluster.engine_ids)} JAX processes ready{took} on {hosts_text(cluster)} "
-            f"(cluster id {cluster.cluster_id}, coordinator {cluster.coordinator}); %px and "
+            + (f"in {cluster.scheduler_job} " if cluster.scheduler_job else "")
+            + f"(cluster id {cluster.cluster_id}, coordinator {cluster.coordinator}); %px and "
             "%%px run on all of them"
             + (f"; checkpoints go to {self.client.directory}" if args.directory else "")
         )

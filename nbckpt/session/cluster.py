@@ -181,6 +181,14 @@ class JaxCluster(Engines):
         return f"JaxCluster(id={self.cluster_id!r}, engines={self.engine_ids}, {self.options})"
 
     @property
+    def scheduler_job(self) -> str | None:
+        """The scheduler's job the engines run in (``"Slurm job 42"``), if one does.
+
+        Known when this kernel submitted it (``engines="slurm"``); None otherwise.
+        """
+        return None if self.cluster is None else self.launcher.job(self.cluster)
+
+    @property
     def launcher(self) -> Launcher:
         """How this cluster's engines start (:func:`~nbckpt.session.launch.launcher_for`)."""
         return launcher_for(self.options)

@@ -117,7 +117,8 @@ class SaveHandle:
                     rec = self.record()
                 self.client._acknowledge(self.op)
                 self.reported = True
-                raise _failure(rec, self.root, self.reader)
+                job = getattr(self.client.cluster, "scheduler_job", None)
+                raise _failure(rec, self.root, self.reader, job=job)
             if rec.status != Status.RUNNING:
                 self.reported = True
                 return rec
@@ -191,9 +192,12 @@ def _failed_event(proc: ProcessRecord) -> dict[str, Any]:
 
 
 def _failure(
-    rec: OperationRecord, root: str, reader: reads.Reader = reads.LOCAL
+    rec: OperationRecord, root: str, reader: reads.Reader = reads.LOCAL, *, job: str | None = None
 ) -> SaveFailedError:
     """One error for a failed save, led by its causes rather than by who gave up.
+
+    ``job``, the scheduler's job the engines run in (``"Slurm job 42"``), ends it: the
+    handle an operator of that scheduler looks a failed node up by.
 
     Each ``failed`` event says, as data, whether its process failed on its own
     (``cause`` ``error``) or gave up because of another (``culprit``); an event
@@ -212,7 +216,8 @@ def _failure(
     then = f" (then {who(others)} gave up)" if others else ""
     return SaveFailedError(
         f"save of step {rec.step} ({rec.op}) failed on {by_process(causes)}{then}; "
-        f"{_outcome(rec, root, list(events.values()), reader)}",
+        f"{_outcome(rec, root, list(events.values()), reader)}"
+        + (f" (the engines run in {job})" if job else ""),
         sorted(errors),
         failures=errors,
     )

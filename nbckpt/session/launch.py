@@ -66,6 +66,10 @@ class Launcher:
     def check(self) -> None:
         """Check, before anything starts, what would make the engines fail to start."""
 
+    def job(self, cluster: Any) -> str | None:
+        """The scheduler's job ``cluster``'s engines run in, in words; None if none."""
+        return None
+
     def config(self) -> Any:
         """The settings (a traitlets ``Config``) ipyparallel gets for the engines, or None."""
         return None
@@ -145,6 +149,16 @@ class SchedulerLauncher(Launcher):
                 "mpi engines need mpi4py (ipyparallel takes their ids from MPI ranks): "
                 "pip install mpi4py, here and wherever the engines run; nothing was started"
             )
+
+    def job(self, cluster: Any) -> str | None:
+        """``Slurm job 42``: the id ``sbatch`` answered ipyparallel's launcher with."""
+        if self.options.engines != "slurm":
+            return None
+        for engine_set in (getattr(cluster, "engines", None) or {}).values():
+            job = getattr(engine_set, "job_id", None)
+            if job:
+                return f"Slurm job {job}"
+        return None
 
     def default_controller_ip(self) -> str:
         """The address of this machine's name, which the scheduler's hosts resolve too."""
