@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
+import sys
 import time
+import uuid
+from pathlib import Path
 
 import pytest
 
@@ -147,3 +151,74 @@ def test_a_node_lost_mid_save_is_named_with_its_slurm_job(ip, slurm, tmp_path, c
         if magics.cluster is not None:
             magics.cluster.stop()
             magics.cluster = magics.client = None
+
+
+def test_engines_srun_inside_an_allocation_then_attach(ip, slurm, tmp_path, capsys):
+    """docs/multihost.md's recipe: ipcontroller, salloc + srun ipengine, then attach."""
+    hosts, cluster = slurm
+    root = tmp_path / "ckpt"
+    profile = f"nbckpt-slurm-{uuid.uuid4().hex[:8]}"
+    bin_dir = Path(sys.executable).parent
+    env = {**os.environ, **cluster.env}
+    magics = ip.magics_manager.registry["NbckptMagics"]
+    controller = subprocess.Popen(
+        [str(bin_dir / "ipcontroller"), f"--profile={profile}", f"--ip={hosts.gateway}",
+         f"--location={hosts.gateway}", "--cluster-id=run1", "--HeartMonitor.period=500",
+         "--log-level=ERROR"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    allocation = None
+    try:
+        engine_file = Path(profile_dir(profile)) / "security" / "ipcontroller-run1-engine.json"
+        deadline = time.monotonic() + 30
+        while not engine_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        # Two nodes, one engine each, in an allocation held by salloc.
+        allocation = subprocess.Popen(
+            ["salloc", "-N", "2", "--ntasks-per-node=1", "srun", str(bin_dir / "ipengine"),
+             f"--profile={profile}", "--cluster-id=run1", "--log-level=ERROR"],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        [job] = cluster.jobs() or [None]
+        _registered(profile, "run1", 2)  # as a user attaches once the engines are up
+        ip.run_line_magic(
+            "ckpt_cluster", f"attach --cluster-id run1 --profile {profile} --dir {root}"
+        )
+        assert "2 JAX processes ready" in capsys.readouterr().out
+        ip.run_cell_magic("px", "", BUILD)
+        assert sorted(magics.cluster.view.pull("where", block=True)) == ["h1", "h2"]
+        ip.run_line_magic("ckpt_save", "state --step 1 --wait --quiet")
+        assert all_steps(str(root)) == [1]
+        ip.run_line_magic("ckpt_cluster", "stop")
+        # The engines stopped (srun reports their end as a failure: they were told to
+        # stop), so srun returned and salloc gave the allocation back.
+        allocation.wait(timeout=60)
+        assert job is not None
+        assert _gone(cluster), cluster.run("squeue")
+        assert controller.poll() is None  # a controller you started keeps running
+    finally:
+        if magics.cluster is not None:
+            magics.cluster.stop()
+            magics.cluster = magics.client = None
+        for proc in (allocation, controller):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        shutil.rmtree(profile_dir(profile), ignore_errors=True)
+
+
+def _registered(profile: str, cluster_id: str, n: int, timeout_s: float = 60.0) -> None:
+    import ipyparallel as ipp
+
+    client = ipp.Client(profile=profile, cluster_id=cluster_id)
+    try:
+        client.wait_for_engines(n, timeout=timeout_s)
+    finally:
+        client.close()
+
+
+def profile_dir(name: str) -> str:
+    """Where IPython keeps the profile ``name``."""
+    from IPython.paths import get_ipython_dir
+
+    return os.path.join(get_ipython_dir(), f"profile_{name}")
