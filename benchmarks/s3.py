@@ -129,7 +129,7 @@ def request_costs(url: str, count: int = 30) -> dict[str, float]:
     """
     import tensorstore as ts
 
-    from nbckpt.storage.objects import RETRY_CONTEXT
+    from nbckpt.storage.backend import RETRY_CONTEXT
 
     prefix = storage.location(f"{url}/request-costs")
     kv = ts.KvStore.open(storage.kvstore_spec(prefix), context=ts.Context(RETRY_CONTEXT)).result()

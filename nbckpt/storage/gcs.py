@@ -29,7 +29,8 @@ import os
 import re
 from typing import Any, ClassVar
 
-from nbckpt.storage.objects import RETRIES, ObjectPath
+from nbckpt.storage.backend import RETRIES
+from nbckpt.storage.objects import ObjectPath
 
 __all__ = ["GCSPath", "gcs_settings"]
 

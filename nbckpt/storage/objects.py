@@ -17,34 +17,15 @@ from __future__ import annotations
 import fnmatch
 import threading
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from nbckpt.errors import StorageError
+from nbckpt.storage.backend import RETRIES, RETRY_CONTEXT, UNREACHABLE, Backend
 
 if TYPE_CHECKING:
     import tensorstore as ts
 
-__all__ = ["DEFAULT_TIMEOUT_S", "RETRIES", "RETRY_CONTEXT", "ObjectPath"]
-
-#: Retries of a failed or throttled request (HTTP 5xx, 429, ``SlowDown``), with a delay
-#: that doubles from ``initial_delay`` up to ``max_delay``: about 13 s in all before a
-#: request is reported as failed.
-RETRIES: dict[str, Any] = {"max_retries": 6, "initial_delay": "0.2s", "max_delay": "5s"}
-
-#: The tensorstore context resources that bound every object store's retries; part of
-#: each context nbckpt opens arrays in.
-RETRY_CONTEXT: dict[str, Any] = {"s3_request_retries": RETRIES, "gcs_request_retries": RETRIES}
-
-#: What tensorstore's (curl's) errors say when a store cannot be reached or answers
-#: nothing.
-UNREACHABLE = (
-    "UNAVAILABLE",
-    "Connection refused",
-    "connect to server",
-    "Failed to connect",
-    "Empty reply from server",  # it took the connection, then closed it
-    "Server returned nothing",
-)
+__all__ = ["DEFAULT_TIMEOUT_S", "RETRIES", "RETRY_CONTEXT", "UNREACHABLE", "ObjectPath"]
 
 #: The longest any one request (with the store's own retries) may take before it is
 #: reported as a failure of the store.
@@ -59,8 +40,11 @@ def _successor(prefix: str) -> str:
     return prefix[:-1] + chr(ord(prefix[-1]) + 1) if prefix else ""
 
 
-class ObjectPath:
+class ObjectPath(Backend):
     """A key (or key prefix) in a bucket of an object store.
+
+    What reaches the store (its kvstore spec, retries, how failures are worded) is
+    the :class:`~nbckpt.storage.backend.Backend`'s, which each scheme's subclass fills in.
 
     Parameters
     ----------
@@ -71,13 +55,6 @@ class ObjectPath:
         dropped (``""`` is the bucket itself).
     """
 
-    #: The URL scheme, e.g. ``"s3"``.
-    scheme: ClassVar[str] = ""
-    #: tensorstore's kvstore driver for it, e.g. ``"gcs"``.
-    driver: ClassVar[str] = ""
-    #: How a user gives this store's credentials to a process, for messages.
-    credentials_hint: ClassVar[str] = ""
-
     def __init__(self, bucket: str, key: str = "") -> None:
         if not bucket:
             raise ValueError(f"a {self.scheme}:// URL needs a bucket name")
@@ -86,51 +63,6 @@ class ObjectPath:
             raise ValueError(f"'.' and '..' are not allowed in an object key: {key!r}")
         self.bucket = bucket
         self.key = "/".join(parts)
-
-    # -- backend ---------------------------------------------------------------------
-
-    def bucket_spec(self) -> dict[str, Any]:
-        """The tensorstore kvstore spec of the whole bucket (without ``path``)."""
-        raise NotImplementedError
-
-    def context_spec(self) -> dict[str, Any]:
-        """The tensorstore context resources this backend's requests use."""
-        return {}
-
-    @property
-    def endpoint(self) -> str:
-        """The address requests go to, for messages."""
-        return f"{self.scheme}://"
-
-    @property
-    def credential_source(self) -> str | None:
-        """Where this process's credentials for the store come from; None if nowhere."""
-        settings: dict[str, Any] = getattr(self, "settings", {})
-        source: str | None = settings.get("credential_source")
-        return source
-
-    def advice(self, reason: str) -> str:
-        """What to do about a failure whose reason :meth:`classify` gave."""
-        return "check the store and try again"
-
-    def failed_request(self, exc: BaseException) -> bool:
-        """Whether ``exc`` (raised by tensorstore) is a request to this store that failed.
-
-        A timeout, an HTTP exchange (a status, curl's error), a connection that failed
-        or got no answer, or an error about a spec of this store's driver; anything
-        else (a dtype, a shape) is not the store's.
-        """
-        text = str(exc)
-        marks = ("http_response_code", "CURL", f'"driver":"{self.driver}"', *UNREACHABLE)
-        return isinstance(exc, TimeoutError) or any(m in text for m in marks)
-
-    def unreachable(self, exc: BaseException) -> bool:
-        """Whether ``exc`` says the store could not be reached, or did not answer."""
-        return isinstance(exc, TimeoutError) or any(m in str(exc) for m in UNREACHABLE)
-
-    def classify(self, exc: BaseException) -> str:
-        """Say in a few words why a request failed."""
-        return str(exc).split("[", 1)[0].strip() or type(exc).__name__
 
     # -- pure path operations ------------------------------------------------------------
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 import os
 from typing import Any, ClassVar
 
-from nbckpt.storage.objects import RETRIES, ObjectPath
+from nbckpt.storage.backend import RETRIES
+from nbckpt.storage.objects import ObjectPath
 
 __all__ = ["RETRIES", "S3Path", "s3_settings"]
 

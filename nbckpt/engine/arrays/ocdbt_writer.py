@@ -40,7 +40,7 @@ from nbckpt.formats.orbax_names import OCDBT_PROCESS_PREFIX
 from nbckpt.formats.orbax_write import ORBAX_ARRAYS, OrbaxFlags, orbax_param_name
 from nbckpt.protocol import ORBAX_FORMAT, SaveFormat
 from nbckpt.storage import Location
-from nbckpt.storage.objects import RETRY_CONTEXT
+from nbckpt.storage.backend import RETRY_CONTEXT
 
 __all__ = [
     "COMPRESSION",

@@ -17,7 +17,7 @@ import tensorstore as ts
 
 from nbckpt import storage
 from nbckpt.storage import Location
-from nbckpt.storage.objects import RETRY_CONTEXT
+from nbckpt.storage.backend import RETRY_CONTEXT
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
@@ -52,7 +52,7 @@ def context() -> ts.Context:
     ``file_io_sync`` is on (tensorstore's default, spelled out because durability
     depends on it): every file is fsync'd before its write commits. On an object store a
     write commits when its PUT is acknowledged; a failed or throttled request is retried
-    with backoff a bounded number of times (:data:`nbckpt.storage.objects.RETRIES`).
+    with backoff a bounded number of times (:data:`nbckpt.storage.backend.RETRIES`).
     """
     global _context
     if _context is None:
