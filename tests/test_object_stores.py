@@ -3,9 +3,9 @@
 moto (S3, in memory), SeaweedFS (a real S3 server, storing files, checking
 signatures) and fake-gcs-server (GCS's JSON API, ``gs://`` roots): real JAX
 processes save to and restore from each through tensorstore; the readers (layout,
-journal, inventory, fsck, retention) run here against the same bucket. What only
-one store can show (throttling through a fault proxy, the server routes) is in
-``test_s3.py``.
+journal, inventory, fsck, retention, the server routes of the sidebar) run here
+against the same bucket. What only one store can show is in ``test_s3.py`` (throttling
+through a fault proxy, wrong keys) and ``test_gcs.py``.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from nbckpt.journal import SUMMARY_FILE, list_operations, read_operation
 from nbckpt.procgroup import ProcessGroup
 from nbckpt.protocol import PHASES
 from nbckpt.storage import ObjectPath
+from tests.ckpt_fixtures import api_get
 from tests.conftest import _ENV
 from tests.objectstores import KINDS, Store, keys
 
@@ -249,3 +250,39 @@ def test_a_store_killed_mid_save_fails_the_save_in_one_line(store, monkeypatch, 
             np.testing.assert_array_equal(np.asarray(restored["w"]), state["w"])
         finally:
             again.stop()
+
+
+# -- the server routes (the sidebar's data) ------------------------------------------
+
+
+@pytest.mark.parametrize("store", ["moto", "seaweedfs"], indirect=True)
+async def test_server_routes_list_a_bucket_root_with_the_servers_credentials(
+    jp_fetch, store, root, monkeypatch
+):
+    """The sidebar's routes over an S3 bucket (GCS's: test_gcs.py, where a missing
+    bucket reads as empty)."""
+    ck = AsyncCheckpointer(root)
+    ck.save(1, {"w": np.arange(8, dtype=np.float32)})
+    ck.wait_until_finished()
+    code, data = await api_get(jp_fetch, "checkpoints", params={"root": root})
+    assert code == 200, data
+    assert data["root"] == root
+    [entry] = data["entries"]
+    assert (entry["step"], entry["state"], entry["bytes"]) == (1, "complete", None)
+    code, data = await api_get(jp_fetch, "operations", params={"root": root})
+    assert code == 200 and [o["status"] for o in data["operations"]] == ["committed"]
+    op = data["operations"][0]["op"]
+    code, data = await api_get(jp_fetch, "operations", op, params={"root": root})
+    assert code == 200 and data["status"] == "committed"
+    # Same authentication as every route.
+    code, _ = await api_get(
+        jp_fetch, "checkpoints", params={"root": root}, headers={"Authorization": ""}
+    )
+    assert code == 403
+    # A store failure is one line, 502.
+    code, data = await api_get(jp_fetch, "checkpoints", params={"root": "s3://no-such-bucket/r"})
+    assert code == 502 and "does not exist" in data["message"], data
+    # Without credentials in the server's environment, buckets are not read at all.
+    monkeypatch.delenv(store.credential_var)
+    code, data = await api_get(jp_fetch, "checkpoints", params={"root": root})
+    assert code == 403 and "no credentials" in data["message"], data
