@@ -29,7 +29,9 @@ def fsck_main(argv: list[str]) -> int:
         "corrupt and foreign entries. Exit status 0: no problem; 1: problems found; "
         "2: usage error or unreadable root.",
     )
-    parser.add_argument("root", metavar="ROOT", help="checkpoint directory, or s3://bucket/prefix")
+    parser.add_argument(
+        "root", metavar="ROOT", help="checkpoint directory, or s3:// or gs://bucket/prefix"
+    )
     parser.add_argument(
         "--clean",
         action="store_true",

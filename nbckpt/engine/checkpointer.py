@@ -51,8 +51,9 @@ class AsyncCheckpointer(CheckpointSaver):
     root
         The checkpoint root, a directory every process can write (shared storage when
         the processes run on several hosts), or an object-store URL such as
-        ``s3://bucket/prefix`` (see :mod:`nbckpt.storage` for its configuration). A
-        URL of another scheme is refused, never taken for a local path.
+        ``s3://bucket/prefix`` or ``gs://bucket/prefix`` (see :mod:`nbckpt.storage`
+        for their configuration). A URL of another scheme is refused, never taken for
+        a local path.
     mode, primary, timeout_s, format, pack_bytes
         See :class:`CheckpointerOptions`; ``mode``, ``timeout_s`` and ``format`` are
         defaults that each call may override. ``pack_bytes=0`` stores every leaf as

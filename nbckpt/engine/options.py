@@ -24,7 +24,7 @@ class CheckpointerOptions:
         ``"commit_file"``: write into ``<step>`` and mark it complete with a
         commit-success file, for stores whose rename is not atomic. The checkpointer
         picks rename on local file systems and commit-file on object stores
-        (``s3://``), where rename mode is refused.
+        (``s3://``, ``gs://``), where rename mode is refused.
     primary
         The process that creates directories, finalizes and applies retention.
     timeout_s

@@ -13,7 +13,7 @@ its save committed (even if its commit file is gone: it is reported as corrupt, 
 attention), and anything nbckpt did not create (a ``foreign`` entry, Orbax's steps
 included), is never touched.
 
-A root may be local or in an object store (``s3://bucket/prefix``, see
+A root may be local or in an object store (``s3://`` or ``gs://bucket/prefix``, see
 :mod:`nbckpt.storage`). A request the store fails raises
 :class:`~nbckpt.errors.StorageError`: it never makes a step look corrupt or absent.
 """
@@ -258,7 +258,7 @@ def fsck(
     Parameters
     ----------
     root
-        The checkpoint root: a path, or an object-store URL (``s3://bucket/prefix``).
+        The checkpoint root: a path, or an object-store URL (``s3://`` or ``gs://bucket/prefix``).
     clean
         Remove the abandoned entries (and only those). Locally each is first renamed
         aside, then deleted. An object store has no rename: its commit object is

@@ -33,7 +33,7 @@ in them cannot be read. They are never cleaned. Other names under the root (the
 ``.nbckpt`` state directory, stray files) are not entries. Nothing here needs jax, and
 nothing here writes.
 
-A root may be local or in an object store (``s3://bucket/prefix``, see
+A root may be local or in an object store (``s3://`` or ``gs://bucket/prefix``, see
 :mod:`nbckpt.storage`); entries are classified the same way. An object store lists
 keys without sizes or times, so there an entry's ``bytes`` is None (unknown) and its
 ``time`` comes from its metadata only. A request the store fails raises

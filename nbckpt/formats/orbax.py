@@ -36,7 +36,7 @@ stores attribute keys as dict keys and every dict key as a string, so neither an
 ``("attr", name)`` entry nor an integer dict key comes back.
 
 Every function takes a local path or a location (:mod:`nbckpt.storage`): an Orbax
-step in ``s3://bucket/prefix`` is read the same way, with the store's listing standing
+step in ``s3://`` or ``gs://bucket/prefix`` is read the same way, with the store's listing standing
 in for the directory's. A failing request to the store raises
 :class:`~nbckpt.errors.StorageError`; it is never taken for an absent file.
 

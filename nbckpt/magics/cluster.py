@@ -46,9 +46,9 @@ def _local_root_problem(path: Path) -> str | None:
 def check_start_root(directory: str | None, engines: str) -> str | None:
     """Check ``--dir`` of ``%ckpt_cluster start`` before any process starts.
 
-    The root must be a location nbckpt can store at (a local path, ``file://`` or
-    ``s3://``). A local root must also be writable here when the engines are local
-    ones (``engines == "local"``): they run on this machine. Engines elsewhere (or
+    The root must be a location nbckpt can store at (a local path, ``file://``,
+    ``s3://`` or ``gs://``). A local root must also be writable here when the engines
+    are local ones (``engines == "local"``): they run on this machine. Engines elsewhere (or
     attached ones, ``""``) check it themselves when they save (this machine may not
     even have that directory).
 

@@ -1,8 +1,8 @@
 """Thin authenticated Tornado handlers over :class:`~nbckpt.server.manager.CheckpointManager`.
 
 The manager's work runs in a thread, off the server's event loop: listing a root reads
-a disk, or (an ``s3://`` root) makes requests that a slow or unreachable store may hold
-for seconds, and the whole Jupyter server must stay responsive meanwhile.
+a disk, or (an ``s3://`` or ``gs://`` root) makes requests that a slow or unreachable
+store may hold for seconds, and the whole Jupyter server must stay responsive meanwhile.
 """
 
 from __future__ import annotations

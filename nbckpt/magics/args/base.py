@@ -121,7 +121,7 @@ class MagicArgs:
 #: ``--dir``: shared by every magic that reads or writes a checkpoint root.
 DIR_ARG: Final = argument(
     "--dir",
-    help="checkpoint directory, or s3://bucket/prefix (default: the cluster's --dir); "
+    help="checkpoint directory, or s3:// or gs://bucket/prefix (default: the cluster's --dir); "
     "quote a path with spaces",
 )
 #: An operation and its root, for the magics that read one operation's journal.

@@ -37,7 +37,7 @@ SAVE: Final = MagicArgs(
         choices=list(MODES),
         default=None,
         help="finalize by renaming a temporary directory, or with a commit file "
-        "(default: rename on a local disk, commit_file on an object store, s3://)",
+        "(default: rename on a local disk, commit_file on an object store, s3:// or gs://)",
     ),
     argument("--wait", action="store_true", help="block until the step is committed"),
     argument("--force", action="store_true", help="replace the step if it exists"),

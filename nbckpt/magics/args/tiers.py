@@ -19,7 +19,7 @@ TIERS: Final = MagicArgs(
         "root",
         nargs="?",
         metavar="ROOT",
-        help="checkpoint directory, or s3://bucket/prefix (default: the cluster's --dir)",
+        help="checkpoint directory, or s3:// or gs://bucket/prefix (default: the cluster's --dir)",
     ),
     argument(
         "--local",
