@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -203,10 +202,7 @@ class SlurmHosts:
     def close(self) -> None:
         """Stop every daemon and every process left on the hosts (engines included)."""
         for h in self.hosts.hosts:
-            pids = subprocess.run(["ip", "netns", "pids", h.netns], capture_output=True, text=True)
-            for pid in pids.stdout.split():
-                with contextlib.suppress(ProcessLookupError, ValueError):
-                    os.kill(int(pid), signal.SIGKILL)
+            self.hosts.kill(h.index)
         for proc in self._procs:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()

@@ -14,11 +14,8 @@ notebook's machine does not mount: here the kernel has no ``/srv/ckpt`` at all.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import shlex
 import shutil
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -150,10 +147,7 @@ class SSHHosts:
     def close(self) -> None:
         """Stop every sshd and every process left on the hosts (engines included)."""
         for h in self.hosts.hosts:
-            pids = subprocess.run(["ip", "netns", "pids", h.netns], capture_output=True, text=True)
-            for pid in pids.stdout.split():
-                with contextlib.suppress(ProcessLookupError, ValueError):
-                    os.kill(int(pid), signal.SIGKILL)
+            self.hosts.kill(h.index)
         for proc in self._procs:
             proc.wait(timeout=10)
         self._procs.clear()

@@ -18,6 +18,7 @@ import pytest
 from nbckpt.errors import ClusterError
 from nbckpt.formats.layout import all_steps
 from nbckpt.session.cluster import JaxCluster
+from tests.cluster_snippets import BUILD, CHECK
 
 pytestmark = pytest.mark.multihost
 
@@ -26,25 +27,6 @@ if shutil.which("mpiexec") is None:  # pragma: no cover
     pytest.skip("mpiexec is not installed (make host-deps installs it)", allow_module_level=True)
 
 ROOT_OK = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
-
-BUILD = """
-import jax, numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-from jax.experimental import multihost_utils
-mesh = Mesh(np.array(jax.devices()), ("data",))
-full = np.arange(24 * 8, dtype=np.float32).reshape(24, 8)
-state = {"w": jax.make_array_from_callback((24, 8), NamedSharding(mesh, P("data")),
-                                           lambda idx: full[idx]), "step": 1}
-gathered = [int(x) for x in np.asarray(
-    multihost_utils.process_allgather(np.array([jax.process_index()]))).ravel()]
-"""
-
-CHECK = """
-import jax, numpy as np
-full = np.arange(24 * 8, dtype=np.float32).reshape(24, 8)
-ok = all(np.array_equal(np.asarray(s.data), full[s.index])
-         for s in restored["w"].addressable_shards) and restored["step"] == 1
-"""
 
 
 def _mpiexec_running() -> list[int]:

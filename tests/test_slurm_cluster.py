@@ -10,10 +10,8 @@ the controller here, then join ``jax.distributed`` across the hosts.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -24,6 +22,7 @@ import pytest
 
 from nbckpt.errors import SaveFailedError
 from nbckpt.formats.layout import all_steps
+from tests.cluster_snippets import BUILD, CHECK
 from tests.slurmhosts import SlurmHosts
 from tests.slurmhosts import unavailable as no_slurm
 from tests.testhosts import TestHosts, unavailable
@@ -36,26 +35,6 @@ if unavailable() or no_slurm():  # pragma: no cover
         f"Slurm test hosts cannot run here: {unavailable() or no_slurm()}",
         allow_module_level=True,
     )
-
-BUILD = """
-import jax, numpy as np, socket
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-from jax.experimental import multihost_utils
-mesh = Mesh(np.array(jax.devices()), ("data",))
-full = np.arange(24 * 8, dtype=np.float32).reshape(24, 8)
-state = {"w": jax.make_array_from_callback((24, 8), NamedSharding(mesh, P("data")),
-                                           lambda idx: full[idx]), "step": 1}
-gathered = [int(x) for x in np.asarray(
-    multihost_utils.process_allgather(np.array([jax.process_index()]))).ravel()]
-where = socket.gethostname()
-"""
-
-CHECK = """
-import jax, numpy as np
-full = np.arange(24 * 8, dtype=np.float32).reshape(24, 8)
-ok = all(np.array_equal(np.asarray(s.data), full[s.index])
-         for s in restored["w"].addressable_shards) and restored["step"] == 1
-"""
 
 
 @pytest.fixture
@@ -108,15 +87,6 @@ def test_slurm_start_save_stop_then_restore_on_another_count(ip, slurm, tmp_path
     assert _gone(cluster), cluster.run("squeue")
 
 
-def _kill_host(hosts: TestHosts, index: int) -> None:
-    """Lose host ``index``: SIGKILL every process on it, its slurmd and engine included."""
-    netns = hosts.hosts[index].netns
-    pids = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True)
-    for pid in pids.stdout.split():
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(int(pid), signal.SIGKILL)
-
-
 def test_a_node_lost_mid_save_is_named_with_its_slurm_job(ip, slurm, tmp_path, capsys):
     hosts, cluster = slurm
     root = tmp_path / "ckpt"
@@ -137,7 +107,7 @@ def test_a_node_lost_mid_save_is_named_with_its_slurm_job(ip, slurm, tmp_path, c
         ip.run_line_magic("ckpt_fault", f"stall --process {victim} --at write --seconds 60")
         handle = ip.run_line_magic("ckpt_save", "state --step 2 --quiet")
         time.sleep(2)
-        _kill_host(hosts, int(node.removeprefix("h")))
+        hosts.kill(int(node.removeprefix("h")))
         with pytest.raises(SaveFailedError) as info:
             handle.wait(timeout_s=120)
         text = str(info.value)
@@ -179,8 +149,8 @@ def test_engines_srun_inside_an_allocation_then_attach(ip, slurm, tmp_path, caps
              f"--profile={profile}", "--cluster-id=run1", "--log-level=ERROR"],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
-        [job] = cluster.jobs() or [None]
         _registered(profile, "run1", 2)  # as a user attaches once the engines are up
+        assert len(cluster.jobs()) == 1  # the allocation holding them
         ip.run_line_magic(
             "ckpt_cluster", f"attach --cluster-id run1 --profile {profile} --dir {root}"
         )
@@ -193,7 +163,6 @@ def test_engines_srun_inside_an_allocation_then_attach(ip, slurm, tmp_path, caps
         # The engines stopped (srun reports their end as a failure: they were told to
         # stop), so srun returned and salloc gave the allocation back.
         allocation.wait(timeout=60)
-        assert job is not None
         assert _gone(cluster), cluster.run("squeue")
         assert controller.poll() is None  # a controller you started keeps running
     finally:

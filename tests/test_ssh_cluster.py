@@ -21,6 +21,7 @@ from nbckpt.errors import ClusterError
 from nbckpt.formats.layout import all_steps
 from nbckpt.session.client import SaveFailedError
 from nbckpt.session.cluster import JaxCluster
+from tests.cluster_snippets import BUILD, CHECK
 from tests.sshhosts import HOST_STORAGE, SSHHosts
 from tests.sshhosts import unavailable as no_sshd
 from tests.testhosts import TestHosts, unavailable
@@ -32,26 +33,6 @@ if unavailable() or no_sshd():  # pragma: no cover
     pytest.skip(
         f"ssh test hosts cannot run here: {unavailable() or no_sshd()}", allow_module_level=True
     )
-
-BUILD = """
-import jax, numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-from jax.experimental import multihost_utils
-mesh = Mesh(np.array(jax.devices()), ("data",))
-full = np.arange(48 * 8, dtype=np.float32).reshape(48, 8)
-state = {"w": jax.make_array_from_callback((48, 8), NamedSharding(mesh, P("data")),
-                                           lambda idx: full[idx]), "step": 1}
-gathered = [int(x) for x in np.asarray(
-    multihost_utils.process_allgather(np.array([jax.process_index()]))).ravel()]
-"""
-
-CHECK = """
-import jax, numpy as np, socket
-full = np.arange(48 * 8, dtype=np.float32).reshape(48, 8)
-ok = all(np.array_equal(np.asarray(s.data), full[s.index])
-         for s in restored["w"].addressable_shards) and restored["step"] == 1
-where = socket.gethostname()
-"""
 
 
 def _magics(ip):

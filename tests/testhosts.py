@@ -15,10 +15,12 @@ root here); :func:`unavailable` says why it cannot run elsewhere.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ipaddress
 import os
 import random
 import shutil
+import signal
 import subprocess
 import uuid
 from collections.abc import Sequence
@@ -203,6 +205,14 @@ class TestHosts:
     def launcher(self, placement: Sequence[int]) -> list[list[str]]:
         """Per process, the prefix that starts it on host ``placement[i]``."""
         return [self.command(h, []) for h in placement]
+
+    def kill(self, index: int) -> None:
+        """SIGKILL every process on host ``index``: the host is lost, daemons and all."""
+        netns = self.hosts[index].netns
+        pids = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True)
+        for pid in pids.stdout.split():
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid), signal.SIGKILL)
 
     def cut(self, index: int) -> None:
         """Cut host ``index`` off the network, as a pulled cable: its processes live on."""

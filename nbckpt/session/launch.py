@@ -15,6 +15,7 @@ import shlex
 import socket
 import subprocess
 import sys
+import threading
 from dataclasses import replace
 from typing import Any
 
@@ -348,6 +349,24 @@ def called_process_error(exc: BaseException | None) -> subprocess.CalledProcessE
     return None
 
 
+def _shutdown_engines(client: Any, timeout_s: float) -> None:
+    """Ask every engine of ``client`` to shut down; wait for their answers, a while.
+
+    Waiting matters: the requests leave on the client's own thread, and a client closed
+    at once may drop them unsent, leaving the engines (and an allocation of the
+    user's that holds them) running. An engine that does not answer (dead, or hung)
+    is not waited for past ``timeout_s``.
+    """
+
+    def ask() -> None:
+        with contextlib.suppress(Exception):
+            client.shutdown(targets="all", hub=False, block=True)
+
+    asking = threading.Thread(target=ask, name="nbckpt-shutdown", daemon=True)
+    asking.start()
+    asking.join(timeout_s)
+
+
 def stop_processes(cluster: Any, client: Any) -> None:
     """Stop the engines and controller, then close the client.
 
@@ -359,8 +378,7 @@ def stop_processes(cluster: Any, client: Any) -> None:
         with contextlib.suppress(Exception):
             cluster.stop_cluster_sync()
     elif client is not None:
-        with contextlib.suppress(Exception):
-            client.shutdown(targets="all", hub=False, block=False)
+        _shutdown_engines(client, timeout_s=5.0)
     if client is not None:
         with contextlib.suppress(Exception):
             client.close()

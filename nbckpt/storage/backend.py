@@ -64,7 +64,15 @@ class Backend:
         return source
 
     def advice(self, reason: str) -> str:
-        """What to do about a failure whose reason :meth:`classify` gave."""
+        """What to do about a failure whose reason :meth:`classify` gave.
+
+        What every store shares; a subclass says what is its own (where its endpoint
+        and credentials are set) and falls back to this.
+        """
+        if "does not exist" in reason:
+            return "create the bucket or fix the URL"
+        if "throttling" in reason:
+            return "save less often or to another prefix, then retry"
         return "check the store and try again"
 
     def failed_request(self, exc: BaseException) -> bool:

@@ -129,8 +129,6 @@ class GCSPath(ObjectPath):
         """What the user should check for each kind of failure."""
         if "did not answer" in reason:
             return "check TENSORSTORE_GCS_HTTP_URL (if set) and the network"
-        if "does not exist" in reason:
-            return "create the bucket or fix the URL"
         if "no Google credentials" in reason:
             return (
                 'run "gcloud auth application-default login" or set '
@@ -139,6 +137,4 @@ class GCSPath(ObjectPath):
             )
         if "credentials" in reason:
             return "check that the account of GOOGLE_APPLICATION_CREDENTIALS may use the bucket"
-        if "throttling" in reason:
-            return "save less often or to another prefix, then retry"
-        return "check the store and try again"
+        return super().advice(reason)

@@ -132,8 +132,6 @@ class S3Path(ObjectPath):
         """What the user should check for each kind of failure."""
         if "did not answer" in reason:
             return "check AWS_ENDPOINT_URL and that the store is up"
-        if "does not exist" in reason:
-            return "create the bucket or fix the URL"
         if "no S3 credentials" in reason:
             return (
                 "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) where "
@@ -141,6 +139,4 @@ class S3Path(ObjectPath):
             )
         if "credentials" in reason:
             return "check AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE"
-        if "throttling" in reason:
-            return "save less often or to another prefix, then retry"
-        return "check the store and try again"
+        return super().advice(reason)
