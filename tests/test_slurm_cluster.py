@@ -10,8 +10,10 @@ the controller here, then join ``jax.distributed`` across the hosts.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -135,7 +137,7 @@ def test_engines_srun_inside_an_allocation_then_attach(ip, slurm, tmp_path, caps
         [str(bin_dir / "ipcontroller"), f"--profile={profile}", f"--ip={hosts.gateway}",
          f"--location={hosts.gateway}", "--cluster-id=run1", "--HeartMonitor.period=500",
          "--log-level=ERROR"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
     allocation = None
     try:
@@ -148,6 +150,7 @@ def test_engines_srun_inside_an_allocation_then_attach(ip, slurm, tmp_path, caps
             ["salloc", "-N", "2", "--ntasks-per-node=1", "srun", str(bin_dir / "ipengine"),
              f"--profile={profile}", "--cluster-id=run1", "--log-level=ERROR"],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True,
         )  # fmt: skip
         _registered(profile, "run1", 2)  # as a user attaches once the engines are up
         assert len(cluster.jobs()) == 1  # the allocation holding them
@@ -169,9 +172,11 @@ def test_engines_srun_inside_an_allocation_then_attach(ip, slurm, tmp_path, caps
         if magics.cluster is not None:
             magics.cluster.stop()
             magics.cluster = magics.client = None
+        # Each in a session of its own: its children (the hub's schedulers, srun) go too.
         for proc in (allocation, controller):
-            if proc is not None and proc.poll() is None:
-                proc.kill()
+            if proc is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
         shutil.rmtree(profile_dir(profile), ignore_errors=True)
 
