@@ -71,7 +71,7 @@ class Arrivals:
         for engine_set in (getattr(self.cluster, "engines", None) or {}).values():
             each = getattr(engine_set, "launchers", None)
             if each is None and hasattr(engine_set, "get_output"):
-                found[str(getattr(engine_set, "mpi_cmd", ["engines"])[0])] = engine_set
+                found[str(getattr(engine_set, "mpi_cmd", ["the engine launcher"])[0])] = engine_set
             found.update(each or {})
         return found
 
