@@ -42,7 +42,8 @@ HOST_PACKAGES := openssh-server openmpi-bin slurm-wlm munge
 host-deps:
 	@if [ ! -x /usr/sbin/sshd ] || [ ! -x /usr/bin/mpiexec ] || [ ! -x /usr/sbin/slurmctld ] \
 		|| [ ! -x /usr/sbin/munged ]; then \
-		apt-get update && apt-get install -y --no-install-recommends $(HOST_PACKAGES); \
+		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y \
+			--no-install-recommends $(HOST_PACKAGES); \
 	fi
 
 lint: $(STAMP)
