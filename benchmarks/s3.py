@@ -51,12 +51,13 @@ from nbckpt.procgroup import ProcessGroup  # noqa: E402
 from nbckpt.storage.local_gcs import GCSServer  # noqa: E402
 from nbckpt.storage.local_s3 import S3Server  # noqa: E402
 from nbckpt.storage.local_seaweed import SeaweedServer  # noqa: E402
+from nbckpt.storage.local_server import LocalServer  # noqa: E402
 
 W = "_workers"
 S = "_s3_workers"
 SYSTEMS = ("nbckpt", "raw")
 #: The servers, what each is, and its URL scheme.
-STORES: dict[str, tuple[type[S3Server | SeaweedServer | GCSServer], str, str]] = {
+STORES: dict[str, tuple[type[LocalServer], str, str]] = {
     "moto": (S3Server, "moto S3 on 127.0.0.1 (Python, in memory)", "s3"),
     "seaweedfs": (SeaweedServer, "SeaweedFS S3 on 127.0.0.1 (Go, files on local disk)", "s3"),
     "gcs": (GCSServer, "fake-gcs-server on 127.0.0.1 (Go, in memory; gs://)", "gs"),
@@ -75,7 +76,7 @@ class RequestLog:
     is outside every timed region. Counts are ``n/a`` if the log cannot be read.
     """
 
-    def __init__(self, server: S3Server | SeaweedServer | GCSServer) -> None:
+    def __init__(self, server: LocalServer) -> None:
         self.path: Path | None = server.log_path if isinstance(server, S3Server) else None
         self.offset = self._size()
 

@@ -73,7 +73,7 @@ class Store:
     def new_root(self, prefix: str = "runs/a") -> str:
         """A root in a new, empty bucket."""
         name = f"ck-{uuid.uuid4().hex[:10]}"
-        self.server.create_bucket(name)  # type: ignore[attr-defined]
+        self.server.create_bucket(name)
         return f"{self.scheme}://{name}/{prefix}"
 
     def stop(self) -> None:

@@ -103,6 +103,10 @@ class LocalServer:
         """The environment that points nbckpt at this server."""
         raise NotImplementedError
 
+    def create_bucket(self, name: str) -> None:
+        """Create the bucket ``name`` (an error if the server refuses)."""
+        raise NotImplementedError
+
     # -- lifecycle -------------------------------------------------------------------
 
     def _start(self, timeout: float) -> None:
