@@ -55,7 +55,12 @@ def failing_save() -> list[tuple[int, float, str, dict[str, Any]]]:
     kept = [e for e in SAVE if e[1] <= 0.30]
     return [
         *kept,
-        (1, 0.40, "failed", {"error": "OSError: disk on fire", "phase": "write"}),
+        (
+            1,
+            0.40,
+            "failed",
+            {"error": "OSError: disk on fire", "phase": "write", "cause": "error", "culprit": 1},
+        ),
         (
             0,
             0.41,
@@ -63,6 +68,8 @@ def failing_save() -> list[tuple[int, float, str, dict[str, Any]]]:
             {
                 "error": "PeerFailedError: process 1 failed: OSError: disk on fire",
                 "phase": "barrier:write_complete",
+                "cause": "peer_failed",
+                "culprit": 1,
             },
         ),
     ]

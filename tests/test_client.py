@@ -52,13 +52,15 @@ def test_failed_events_without_a_cause_count_as_own_errors(tmp_path):
     assert "failed on processes 0, 1: OSError: a; process 2: B;" in str(_failure(rec, tmp_path))
 
 
-def test_when_every_process_gave_up_the_first_to_notice_speaks(tmp_path):
+def test_when_every_process_gave_up_the_culprit_leads_not_the_first_to_notice(tmp_path):
+    # A student read "failed on process 0: process 2 died" as process 0's fault.
     dead = {"cause": "peer_dead", "culprit": 2}
     rec = _record(
         {1: {"error": "process 2 died (late)", **dead}, 0: {"error": "process 2 died", **dead}}
     )
     msg = str(_failure(rec, tmp_path))
-    assert "failed on process 0: process 2 died (then process 1 gave up);" in msg
+    assert "failed: process 2 died (then processes 0, 1 gave up);" in msg
+    assert "on process 0" not in msg
 
 
 def test_a_failed_forced_resave_says_the_old_step_is_untouched(tmp_path):

@@ -18,9 +18,10 @@ from nbckpt.protocol import PHASES, Phase, Status, as_json
 from nbckpt.server.manager import CheckpointManager
 from nbckpt.session.client import SaveHandle
 from nbckpt.views.monitor import JournalTailer, settled, view_state
+from nbckpt.views.timeline import timeline_view
 from nbckpt.widgets import watch
 from nbckpt.widgets.live import LiveUpdater
-from nbckpt.widgets.progress import rows_from_view, title_of
+from nbckpt.widgets.progress import columns_of, rows_from_view, title_of
 from nbckpt.widgets.text import render_text
 from tests.journal_scripts import (
     BARRIER,
@@ -162,12 +163,17 @@ def test_a_barrier_is_named_and_has_no_step(tmp_path):
         "barrier",
         "after-save",
         None,
-        "committed",
+        "released",  # a barrier is released, not committed (its journal says committed)
     )
+    assert {p.status for p in rec.processes.values()} == {"released"}
     assert [s.name for s in rec.processes[1].phases] == ["barrier:after-save"]
     view = view_state(rec)
     assert title_of(view) == f"barrier 'after-save' {op}: 2 processes"
-    assert render_text(view).splitlines()[0] == f"barrier 'after-save' ({op}): committed"
+    assert render_text(view).splitlines()[0] == f"barrier 'after-save' ({op}): released"
+    # Its table has no bytes column, and its end is its release.
+    assert [c["label"] for c in columns_of(view)] == ["process", "phase", "barriers", "released"]
+    assert [r["end_text"] for r in rows_from_view(view)] == ["released +50 ms"] * 2
+    assert timeline_view(rec)["commit_time"] is None
     listed = CheckpointManager(tmp_path).operations(".")["operations"]
     assert [(o["kind"], o["name"], o["step"]) for o in listed] == [("barrier", "after-save", None)]
 
@@ -313,7 +319,7 @@ def test_errors_are_whole_in_every_view(tmp_path):
     write_script(tmp_path, "op", script)
     view = _view(tmp_path, "op")
     assert rows_from_view(view)[1]["error"] == long
-    assert f"process 1: failed during write: {long}" in render_text(view, ncols=80)
+    assert f"failed on process 1: {long} (then process 0 gave up)" in render_text(view, ncols=80)
 
 
 def test_every_phase_shown_is_a_protocol_word(tmp_path):

@@ -46,7 +46,7 @@ def test_rows_are_newest_first_saves_only_and_follow_a_save_as_it_grows(tmp_path
         (OP2, "committed"),
         (OP1, "committed"),
     ]
-    assert rows[0].error == "process 1: OSError: disk on fire"
+    assert rows[0].error == "process 1: OSError: disk on fire (then process 0 gave up)"
     assert not watch.running
 
 
@@ -86,7 +86,7 @@ def test_text_and_html_show_every_row_and_the_failure_line(tmp_path):
         "processes",
     ]
     assert lines[1].split()[0] == "3" and "failed" in lines[1]
-    assert lines[2].strip() == "process 1: OSError: disk on fire"
+    assert lines[2].strip() == "process 1: OSError: disk on fire (then process 0 gave up)"
     assert lines[3].split()[0] == "1" and "2 committed" in lines[3]
     page = runs_html(watch.rows(), str(tmp_path), now=T0 + 1)
     assert page.count('<tr class="run"') == 2

@@ -12,14 +12,16 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
-from nbckpt.formats.inventory import Entry
+from nbckpt.formats.inventory import Entry, _first_error
 from nbckpt.journal import PhaseSpan, read_operation
 from nbckpt.protocol import BarrierState, Status, as_json
 from nbckpt.protocol import typescript as gen
+from nbckpt.session.handles import _failure
 from nbckpt.views.answers import checkpoints_answer, entry_answer
 from nbckpt.views.monitor import view_state
 from nbckpt.views.timeline import commit_time, failure_note, timeline_view
 from nbckpt.widgets.progress import rows_from_view, timeline_of
+from nbckpt.widgets.text import render_text
 from tests.journal_scripts import SAVE, T0, failing_save, killed_save, write_script
 
 SRC = Path(__file__).resolve().parents[1] / "labextension" / "src"
@@ -70,7 +72,7 @@ def test_failure_notes_and_barrier_waits_of_a_failed_save(tmp_path: Path) -> Non
     p0, p1 = view["processes"]["0"], view["processes"]["1"]
     assert p1["failure"] == "OSError: disk on fire"
     assert p1["failed_at"] == T0 + 0.40
-    assert p0["failure"] is not None and p0["failure"].startswith("PeerFailedError")
+    assert p0["failure"] == "gave up: process 1 failed"  # the cause is said once, on 1
     wait = p0["waits"]["barrier:write_complete"]
     assert wait == {
         "state": BarrierState.FAILED,
@@ -87,7 +89,12 @@ def test_failure_notes_and_barrier_waits_of_a_failed_save(tmp_path: Path) -> Non
 def test_a_dead_process_is_named_with_who_reports_it(tmp_path: Path) -> None:
     write_script(tmp_path, "op", killed_save())
     record = read_operation(tmp_path, "op")
-    assert failure_note(record, 2) == f"{Status.DEAD} (reported by 0, 1)"
+    # The culprit's row says what the first survivor saw, once; the survivors' rows
+    # say only whom they gave up on.
+    assert failure_note(record, 2) == (
+        "process 2 died (no heartbeat for 3.0 s) during barrier:write_complete (reported by 0, 1)"
+    )
+    assert failure_note(record, 0) == failure_note(record, 1) == "gave up: process 2 died"
     assert failure_note(record, 9) is None
     # Reported dead before it recorded anything: its row still says so.
     del record.processes[2]
@@ -142,3 +149,21 @@ def test_every_key_the_server_sends_is_typed(tmp_path: Path) -> None:
     assert listed["entries"] and set(listed["entries"][0]) == _fields(text, "IEntryAnswer")
     assert set(manager.protocol()) == _fields(text, "IProtocolNames")
     assert set(manager.roots()) == _fields(text, "IRoots")
+
+
+def test_a_death_is_said_once_with_its_culprit_first_everywhere(tmp_path: Path) -> None:
+    # Issue 32's review: "failed on process 0: process 2 died" read as process 0's
+    # fault, and the same sentence was printed under every survivor.
+    write_script(tmp_path, "op", killed_save())
+    record = read_operation(tmp_path, "op")
+    said = "process 2 died (no heartbeat for 3.0 s) during barrier:write_complete"
+    whole = f"{said} (then processes 0, 1 gave up)"
+    assert _first_error(record) == f": {whole}"
+    assert f"failed: {whole}; nothing was committed" in str(_failure(record, str(tmp_path)))
+    text = render_text(view_state(record))
+    assert f"failed: {whole}" in text and text.count("no heartbeat") == 1
+    rows = rows_from_view(view_state(record))
+    assert [r["error"] for r in rows] == ["gave up: process 2 died"] * 2 + [None]
+    drawn = timeline_view(record)["processes"]
+    assert [drawn[p]["failure"] for p in "01"] == ["gave up: process 2 died"] * 2
+    assert drawn["2"]["failure"] == f"{said} (reported by 0, 1)"

@@ -220,7 +220,7 @@ def test_timeline_of_a_failed_save_marks_the_error(tmp_path):
     assert {"failed:0", "failed:1"} <= {ln.get_gid() for ln in ax.lines}
     notes = {t.get_gid(): t.get_text() for t in ax.texts if t.get_gid()}
     assert notes["error:1"] == "write: OSError: disk on fire"
-    assert notes["error:0"].startswith("barrier:write_complete: PeerFailedError")
+    assert notes["error:0"] == "barrier:write_complete: gave up: process 1 failed"
     failed = [c for c in ax.collections if c.get_gid() == "1:write"]
     red, green, _blue, _alpha = failed[0].get_edgecolor()[0]
     assert red > 0.7 and green < 0.3  # outlined in red
@@ -246,7 +246,9 @@ def test_show_and_timeline_magics_read_a_journal_without_any_cluster(tmp_path, c
     assert capsys.readouterr().out.startswith("save of step 8 (20261121T000002-save-8): committed")
     magics.ckpt_status(f"20261121T000001-save-7 --dir {tmp_path}")
     out = capsys.readouterr().out
-    assert "failed during write: OSError: disk on fire" in out
+    # The failure once, its culprit first, then who gave up.
+    assert "failed on process 1: OSError: disk on fire (then process 0 gave up)" in out
+    assert out.count("disk on fire") == 1
     fig = magics.ckpt_timeline(f"20261121T000001-save-7 --dir {tmp_path} --save {tmp_path}/t.png")
     assert isinstance(fig, Figure) and (tmp_path / "t.png").stat().st_size > 0
     for line, message in [

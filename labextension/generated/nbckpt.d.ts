@@ -54,6 +54,7 @@ export type Status =
   | 'committed'
   | 'restored'
   | 'failed'
+  | 'released'
   | 'dead'
   | 'done'
   | 'open';
@@ -81,6 +82,7 @@ export interface IStatusNames {
   committed: 'committed';
   restored: 'restored';
   failed: 'failed';
+  released: 'released';
   dead: 'dead';
   done: 'done';
   open: 'open';
@@ -342,6 +344,12 @@ export interface IBarrierCell {
   text: string;
   waiting_for: number[];
   arrived_ms: number | null;
+}
+
+/** One column of the progress widget's table, chosen for the operation's kind. */
+export interface IColumn {
+  key: string;
+  label: string;
 }
 
 /** One process's row of the progress widget (`rows_from_view`). */

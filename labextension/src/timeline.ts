@@ -169,8 +169,11 @@ export function renderTimeline(
   );
   const running = op.status === names.statuses.running;
   const last = view.latest;
-  const t0 = op.start ?? last ?? op.time ?? 0;
-  let tEnd = op.end ?? (running ? (options.now ?? op.now) : undefined) ?? last;
+  const now = running ? (options.now ?? op.now) : undefined;
+  // Before the journal's first line there is no start: the axis begins now, never at
+  // the epoch (which drew 0 to about 1.8e12 ms).
+  const t0 = op.start ?? last ?? op.time ?? now ?? 0;
+  let tEnd = op.end ?? now ?? last;
   tEnd = Math.max(tEnd ?? t0, last ?? t0);
   const t1 = Math.max(tEnd, t0 + 1e-3);
   const plot = WIDTH - LABEL - RIGHT;

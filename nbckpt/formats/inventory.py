@@ -68,8 +68,8 @@ from nbckpt.formats.orbax_names import OCDBT_MANIFEST
 from nbckpt.formats.orbax_write import ORBAX_ARRAYS
 from nbckpt.formats.packs import PACK_DIR, is_packed
 from nbckpt.formats.saveops import SaveOps, find_save_op, journal_committed, own_op
-from nbckpt.journal import OperationRecord
-from nbckpt.protocol import COMMIT_FILE_MODE, RENAME, Event, Status
+from nbckpt.journal import OperationRecord, failure_of
+from nbckpt.protocol import COMMIT_FILE_MODE, RENAME, Status
 
 __all__ = [
     "STALE_AFTER_S",
@@ -364,17 +364,9 @@ def _temporary(
 
 
 def _first_error(rec: OperationRecord) -> str:
-    """Name the earliest failure: the others are usually peers giving up because of it."""
-    failures = [
-        (float(ev.get("t", 0.0)), proc.process, proc.error)
-        for proc in rec.processes.values()
-        for ev in proc.events
-        if ev.get("event") == Event.FAILED and proc.error
-    ]
-    if not failures:
-        return ""
-    _, process, error = min(failures)
-    return f" on process {process}: {error}"
+    """The failure, its culprit first (a survivor that gave up is not named as its cause)."""
+    account = failure_of(rec)
+    return account.clause if account is not None else ""
 
 
 def _metadata_op(meta: dict[str, Any] | None, ops: SaveOps) -> str | None:

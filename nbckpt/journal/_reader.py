@@ -14,6 +14,7 @@ from typing import Any
 from nbckpt.protocol import (
     BARRIER_PREFIX,
     END_EVENT,
+    END_STATUS,
     END_STATUSES,
     SPANS,
     SPANS_BY_KIND,
@@ -143,6 +144,7 @@ def _process_record(process: int, events: list[dict[str, Any]], kind: str) -> Pr
     open_spans: dict[str, tuple[str, float]] = {}  # end event key -> (phase, start)
     failed_at: float | None = None
     done = END_EVENT.get(kind, Event.COMMITTED)
+    ended = END_STATUS.get(kind, Status.COMMITTED)
     # A restore or a barrier never records a snapshot: its ``requested`` opens nothing.
     spans = SPANS_BY_KIND.get(kind, SPANS)
     for ev in events:
@@ -176,7 +178,7 @@ def _process_record(process: int, events: list[dict[str, Any]], kind: str) -> Pr
             rec.status = Status.FAILED
             rec.error = str(ev.get("error", ""))
         elif name == done:
-            rec.status = str(done)
+            rec.status = str(ended)
     for phase, t0 in open_spans.values():
         if failed_at is not None:
             rec.phases.append(PhaseSpan(phase, t0, failed_at, Status.FAILED))
@@ -269,7 +271,7 @@ def merge_events(
     }
     dead = _mark_dead(procs, _death_reports(procs))
     statuses = [r.status for r in procs.values()]
-    done = str(END_EVENT.get(kind, Event.COMMITTED))
+    done = str(END_STATUS.get(kind, Status.COMMITTED))
     if Status.FAILED in statuses:
         status = str(Status.FAILED)
     elif all_events and len(procs) >= process_count and all(s == done for s in statuses):

@@ -84,6 +84,7 @@ SHAPES: tuple[type, ...] = (
     views.FoundRoot,
     views.Roots,
     views.BarrierCell,
+    views.Column,
     views.Row,
     views.Arrival,
     views.BarrierSummary,

@@ -252,6 +252,19 @@ class BarrierCell(TypedDict):
     arrived_ms: float | None
 
 
+class Column(TypedDict):
+    """One column of the progress widget's table, chosen for the operation's kind.
+
+    ``key`` says which cell of a :class:`Row` it shows: ``process``, ``phase``,
+    ``bytes`` (saves and restores only), ``barriers`` or ``end``; ``label`` is its
+    header (``written`` or ``read``; ``finalize / commit``, ``restored`` or
+    ``released``).
+    """
+
+    key: str
+    label: str
+
+
 class Row(TypedDict):
     """One process's row of the progress widget (``rows_from_view``)."""
 

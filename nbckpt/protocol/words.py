@@ -31,6 +31,7 @@ __all__ = [
     "FAULTS",
     "FAULT_ACTIONS",
     "DEFAULT_SAVE_TIMEOUT_S",
+    "END_STATUS",
     "END_STATUSES",
     "FORMATS",
     "MODES",
@@ -247,6 +248,9 @@ class Status(StrEnum):
     COMMITTED = "committed"
     RESTORED = "restored"
     FAILED = "failed"
+    #: A barrier operation that every process passed: a barrier is released, never
+    #: committed (its journal still ends with the ``committed`` event it always had).
+    RELEASED = "released"
     #: A process that recorded no end of its own while others report that it died
     #: (or became unreachable): it will record nothing more.
     DEAD = "dead"
@@ -263,8 +267,17 @@ END_EVENT: Final[dict[str, Event]] = {
 }
 
 
+#: The status an operation of each kind (and each of its processes) ends well with.
+END_STATUS: Final[dict[str, Status]] = {
+    Kind.SAVE: Status.COMMITTED,
+    Kind.RESTORE: Status.RESTORED,
+    Kind.BARRIER: Status.RELEASED,
+}
+
 #: Where a process's part in an operation has ended: nothing more will change it.
-END_STATUSES: Final = frozenset({Status.COMMITTED, Status.RESTORED, Status.FAILED, Status.DEAD})
+END_STATUSES: Final = frozenset(
+    {Status.COMMITTED, Status.RESTORED, Status.RELEASED, Status.FAILED, Status.DEAD}
+)
 
 
 class Cause(StrEnum):

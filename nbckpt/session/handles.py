@@ -11,11 +11,10 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from nbckpt.errors import ClusterGoneError, SaveFailedError, by_process, who
+from nbckpt.errors import ClusterGoneError, SaveFailedError
 from nbckpt.formats.layout import step_dir
-from nbckpt.journal import OperationRecord, ProcessRecord, merge_events
+from nbckpt.journal import OperationRecord, ProcessRecord, failure_of, merge_events
 from nbckpt.protocol import (
-    Cause,
     Event,
     Status,
     check_optional_timeout,
@@ -206,16 +205,10 @@ def _failure(
     failed = {p: r for p, r in rec.processes.items() if r.status == Status.FAILED}
     events = {p: _failed_event(r) for p, r in failed.items()}
     errors = {p: r.error or str(Status.FAILED) for p, r in failed.items()}
-    causes = {p: errors[p] for p in failed if events[p].get("cause", Cause.ERROR) == Cause.ERROR}
-    if not causes:
-        # Every process gave up because of one that journaled nothing (it died, or
-        # never arrived); the first to notice says what happened to it.
-        first = min(failed, key=lambda p: float(events[p].get("t", float("inf"))))
-        causes = {first: errors[first]}
-    others = sorted(set(errors) - set(causes))
-    then = f" (then {who(others)} gave up)" if others else ""
+    account = failure_of(rec)
+    clause = account.clause if account is not None else ""
     return SaveFailedError(
-        f"save of step {rec.step} ({rec.op}) failed on {by_process(causes)}{then}; "
+        f"save of step {rec.step} ({rec.op}) failed{clause}; "
         f"{_outcome(rec, root, list(events.values()), reader)}"
         + (f" (the engines run in {job})" if job else ""),
         sorted(errors),

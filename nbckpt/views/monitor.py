@@ -18,7 +18,14 @@ from typing import Any
 
 from nbckpt import storage
 from nbckpt.formats.layout import ops_dir
-from nbckpt.journal import JournalReader, OperationRecord, ProcessRecord, merge_events
+from nbckpt.journal import (
+    JournalReader,
+    OperationRecord,
+    ProcessRecord,
+    failure_of,
+    gave_up_note,
+    merge_events,
+)
 from nbckpt.protocol import (
     END_EVENT,
     END_STATUSES,
@@ -164,6 +171,9 @@ class OperationView:
     preemption: PreemptionNotice | None = None
     #: With a local tier: where a save went, or where a restore read from.
     tier: str | None = None
+    #: The failure, said once, its culprit first (:func:`~nbckpt.journal.failure_of`):
+    #: ``failed: process 2 died (...) (then processes 0, 1 gave up)``; None before one.
+    failure: str | None = None
 
     @property
     def settled(self) -> bool:
@@ -299,8 +309,13 @@ def view_state(record: OperationRecord) -> OperationView:
             views.append(_process_view(found, record.kind, entries, primary))
     _end_with_the_service(record, views)
     writers = [v.process for v in views if v.bytes_total > 0]
+    account = failure_of(record)
     for v in views:
         found = record.processes.get(v.process)
+        gave_up = gave_up_note(record, v.process) if v.status == Status.FAILED else None
+        if gave_up is not None:
+            # The cause is said once (the operation's ``failure``), not in every survivor.
+            v.error = gave_up
         if v.status == Status.DEAD:
             v.note = _dead_note(v, record.start, found is not None and found.unreachable)
         elif not v.own_data:
@@ -321,6 +336,7 @@ def view_state(record: OperationRecord) -> OperationView:
         name=record.name,
         preemption=record.preemption,
         tier=record.tier,
+        failure=None if account is None else f"failed{account.clause}",
     )
 
 

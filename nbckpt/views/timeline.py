@@ -14,7 +14,14 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
-from nbckpt.journal import OperationRecord, PhaseSpan, ProcessRecord
+from nbckpt.journal import (
+    Failure,
+    OperationRecord,
+    PhaseSpan,
+    ProcessRecord,
+    failure_of,
+    gave_up_note,
+)
 from nbckpt.protocol import BARRIER_PREFIX, BarrierState, Phase, Status
 from nbckpt.protocol.views import BarrierWait, PreemptionNotice, ProcessDrawing, TimelineView
 from nbckpt.views.naming import NAMED, listing
@@ -37,7 +44,9 @@ __all__ = [
 ]
 
 #: A process whose part ended well, or has not ended: any other status is a failure.
-NOT_FAILED: frozenset[str] = frozenset({Status.RUNNING, Status.COMMITTED, Status.RESTORED})
+NOT_FAILED: frozenset[str] = frozenset(
+    {Status.RUNNING, Status.COMMITTED, Status.RESTORED, Status.RELEASED}
+)
 
 #: How a barrier wait's label names whom it waited for, by its state.
 _WAIT_WORDS: dict[BarrierState, tuple[str, str]] = {
@@ -117,21 +126,34 @@ def human_bytes(n: float) -> str:
     raise AssertionError("unreachable")
 
 
-def failure_note(record: OperationRecord, process: int) -> str | None:
+def failure_note(
+    record: OperationRecord, process: int, account: Failure | None = None
+) -> str | None:
     """Why a process's row is marked failed, in one sentence; None when it is not.
 
-    Its own error when it recorded one; a dead process's status with who reports
-    it; a process still running in an operation that ended, that it recorded no
-    outcome; one reported dead before it recorded anything, that it recorded nothing.
+    The failure is said once, on its culprit's row: its own error when it failed on
+    its own; for a dead process, what the first survivor saw, with who reports it.
+    A survivor that gave up because of another says only whom
+    (:func:`~nbckpt.journal.gave_up_note`: ``gave up: process 2 died``). A process
+    still running in an operation that ended recorded no outcome; one reported dead
+    before it recorded anything recorded nothing. ``account``: the operation's
+    :func:`~nbckpt.journal.failure_of`, if the caller has it already.
     """
     proc = record.processes.get(process)
     if proc is None:
         return f"{Status.DEAD}: recorded nothing" if process in record.dead else None
+    gave_up = gave_up_note(record, process)
+    if gave_up is not None:
+        return gave_up
     if proc.error:
         return proc.error
     if proc.status not in NOT_FAILED:
-        by = ", ".join(map(str, proc.dead_reported_by))
-        return f"{proc.status} (reported by {by})" if by else str(proc.status)
+        by = listing(proc.dead_reported_by[:NAMED], len(proc.dead_reported_by))
+        account = account or failure_of(record)
+        # What the first survivor saw names this process: say it here, once.
+        seen = account.reported if account is not None and process in account.culprits else None
+        head = seen or str(proc.status)
+        return f"{head} (reported by {by})" if by else head
     if proc.status == Status.RUNNING and record.status != Status.RUNNING:
         # The others finished or gave up; this one never recorded an outcome.
         return "recorded no outcome (the process died?)"
@@ -233,9 +255,10 @@ def timeline_view(record: OperationRecord, only: Iterable[int] | None = None) ->
     entries: dict[str, BarrierEntries] = {}
     wanted = None if only is None else set(only)
     drawn = everyone if wanted is None else [p for p in everyone if p in wanted]
+    account = failure_of(record)
     for p in drawn:
         proc = record.processes.get(p)
-        failure = failure_note(record, p)
+        failure = failure_note(record, p, account)
         waits: dict[str, BarrierWait] = {}
         for span in proc.phases if proc is not None else []:
             if span.name.startswith(BARRIER_PREFIX) and span.name not in waits:

@@ -18,7 +18,7 @@ import traitlets
 
 from nbckpt.journal import OperationRecord
 from nbckpt.protocol import BarrierState, Kind, Phase, Status, as_json
-from nbckpt.protocol.views import BarrierCell, Row
+from nbckpt.protocol.views import BarrierCell, Column, Row
 from nbckpt.views.aggregate import AGGREGATE_ABOVE, summarize, summary_view
 from nbckpt.views.monitor import OperationView, ProcessView
 from nbckpt.views.naming import listing
@@ -28,7 +28,7 @@ from nbckpt.widgets.text import bytes_done, human_bytes, render_text, what_of
 if TYPE_CHECKING:
     from nbckpt.widgets.live import LiveUpdater
 
-__all__ = ["ProgressWidget", "rows_from_view", "timeline_of", "title_of"]
+__all__ = ["ProgressWidget", "columns_of", "rows_from_view", "timeline_of", "title_of"]
 
 _HERE = Path(__file__).parent
 #: The built front end; see ``labextension/src/widget/progress.ts``.
@@ -183,7 +183,7 @@ def timeline_of(record: OperationRecord, only: list[int] | None = None) -> dict[
 def widget_model(view: OperationView, asked: int | None = None) -> dict[str, Any]:
     """The widget's traits but its timeline, and whose lanes the timeline draws.
 
-    ``op``, ``title``, ``status``, ``rows``, ``summary``; and ``only``, the processes
+    ``op``, ``title``, ``status``, ``columns``, ``rows``, ``summary``; and ``only``, the processes
     whose lanes the timeline draws (None: all). Above
     :data:`~nbckpt.views.aggregate.AGGREGATE_ABOVE` processes, the summary and the
     rows and lanes of the processes that matter, and of process ``asked`` (the
@@ -206,10 +206,28 @@ def widget_model(view: OperationView, asked: int | None = None) -> dict[str, Any
         "op": view.op,
         "title": title_of(view),
         "status": view.status,
+        "columns": columns_of(view),
         "rows": rows,
         "summary": summary,
         "only": only,
     }
+
+
+def columns_of(view: OperationView) -> list[Column]:
+    """The table's columns for ``view``'s kind: a barrier moves no bytes and is released.
+
+    A save's end is its finalize and commit, a restore's the moment it restored, a
+    barrier's its release; only saves and restores have a bytes column.
+    """
+    end = {Kind.SAVE: "finalize / commit", Kind.RESTORE: str(Status.RESTORED)}
+    columns: list[Column] = [{"key": "process", "label": "process"}]
+    columns.append({"key": "phase", "label": "phase"})
+    if view.kind in (Kind.SAVE, Kind.RESTORE):
+        verb = "read" if view.kind == Kind.RESTORE else "written"
+        columns.append({"key": "bytes", "label": verb})
+    columns.append({"key": "barriers", "label": "barriers"})
+    columns.append({"key": "end", "label": end.get(view.kind, str(Status.RELEASED))})
+    return columns
 
 
 def title_of(view: OperationView) -> str:
@@ -227,7 +245,11 @@ class ProgressWidget(anywidget.AnyWidget):
     title
         What the operation is.
     status
-        ``running``, ``committed``, ``restored`` or ``failed`` (the whole operation).
+        ``running``, ``committed``, ``restored``, ``released`` (a barrier) or
+        ``failed`` (the whole operation).
+    columns
+        The table's columns for the operation's kind (:func:`columns_of`): a barrier
+        has no bytes column, and its end column is its release.
     rows
         One dict per process; see :func:`rows_from_view`. Above
         :data:`~nbckpt.views.aggregate.AGGREGATE_ABOVE` processes, only those of
@@ -259,6 +281,7 @@ class ProgressWidget(anywidget.AnyWidget):
     op = traitlets.Unicode("").tag(sync=True)
     title = traitlets.Unicode("").tag(sync=True)
     status = traitlets.Unicode(Status.RUNNING.value).tag(sync=True)
+    columns = traitlets.List(traitlets.Dict()).tag(sync=True)
     rows = traitlets.List(traitlets.Dict()).tag(sync=True)
     summary = traitlets.Dict().tag(sync=True)
     timeline = traitlets.Dict().tag(sync=True)

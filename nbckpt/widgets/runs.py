@@ -17,8 +17,8 @@ import time
 from dataclasses import dataclass, field
 
 from nbckpt import storage
-from nbckpt.journal import OperationRecord
-from nbckpt.protocol import END_STATUSES, Event, Kind, Phase, Status, parse_op_id
+from nbckpt.journal import OperationRecord, failure_of
+from nbckpt.protocol import END_STATUSES, Kind, Phase, Status, parse_op_id
 from nbckpt.session import reads
 from nbckpt.storage import Location
 from nbckpt.views.monitor import JournalTailer
@@ -104,7 +104,6 @@ def run_row(record: OperationRecord) -> RunRow:
         process_count=record.process_count,
     )
     phases: dict[str, int] = {}
-    failures: list[tuple[float, int, str]] = []
     for p in range(max(record.process_count, len(record.processes))):
         rec = record.processes.get(p)
         status = Status.NOT_STARTED if rec is None else rec.status
@@ -122,14 +121,9 @@ def run_row(record: OperationRecord) -> RunRow:
         open_spans = [s.name for s in rec.phases if s.status == Status.OPEN]
         if rec.status == Status.RUNNING and open_spans:
             phases[open_spans[-1]] = phases.get(open_spans[-1], 0) + 1
-        if rec.error:
-            at = min(
-                (float(e["t"]) for e in rec.events if e.get("event") == Event.FAILED), default=0
-            )
-            failures.append((at, p, rec.error))
-    if failures:  # the first to fail is the cause; the others gave up because of it
-        _at, p, error = min(failures)
-        row.error = f"process {p}: {error}"
+    account = failure_of(record)
+    if account is not None:  # said once, the culprit first; who gave up follows
+        row.error = account.sentence
     if phases:
         row.phase = max(phases, key=lambda k: phases[k])
     return row

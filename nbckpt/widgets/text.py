@@ -81,9 +81,8 @@ def _meter(view: OperationView, p: ProcessView, elapsed: float, ncols: int) -> s
 def render_text(view: OperationView, ncols: int = 100) -> str:
     """A static text picture of ``view``: a title line and one tqdm meter per process.
 
-    Then each failed process's error, whole, on a line of its own (a meter's width
-    would cut it), and each other process's note (why it is dead, or has nothing of
-    its own to write).
+    Then the failure, whole and once, its culprit first (a meter's width would cut
+    it), and each process's note (why it is dead, or has nothing of its own to write).
     """
     lines = [f"{what_of(view)} ({view.op}): {view.status}"]
     if len(view.processes) > AGGREGATE_ABOVE:
@@ -92,10 +91,10 @@ def render_text(view: OperationView, ncols: int = 100) -> str:
         end = p.committed or p.last_event
         elapsed = 0.0 if view.start is None or end is None else max(0.0, end - view.start)
         lines.append(_meter(view, p, elapsed, ncols))
+    if view.failure is not None:
+        lines.append(view.failure)
     for p in view.processes:
-        if p.error:
-            lines.append(f"process {p.process}: failed during {p.error_phase or '?'}: {p.error}")
-        elif p.note:
+        if p.note:
             lines.append(f"process {p.process}: {p.phase}: {p.note}")
     return "\n".join(lines)
 

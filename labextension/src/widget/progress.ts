@@ -15,7 +15,7 @@
  * (`style/widget.css`, with the shared palette and timeline rules) into
  * `nbckpt/widgets/static/progress.css`.
  */
-import type { IJobSummaryView, IRow } from '../../generated/nbckpt';
+import type { IColumn, IJobSummaryView, IRow } from '../../generated/nbckpt';
 import { breakable, el } from '../dom';
 import { processPicker, renderSummary } from '../summary';
 import {
@@ -36,6 +36,8 @@ export interface ITraits {
   op: string;
   title: string;
   status: string;
+  /** The table's columns, chosen in Python for the operation's kind (`columns_of`). */
+  columns: IColumn[];
   rows: IRow[];
   /** The job as a whole; `{}` for a job of a few processes. */
   summary: Partial<IJobSummaryView>;
@@ -61,12 +63,13 @@ export interface IRenderProps {
   el: HTMLElement;
 }
 
-const HEADERS = [
-  'process',
-  'phase',
-  'written',
-  'barriers',
-  'finalize / commit'
+/** Until Python sends `columns` (an older kernel): a save's table. */
+const SAVE_COLUMNS: IColumn[] = [
+  { key: 'process', label: 'process' },
+  { key: 'phase', label: 'phase' },
+  { key: 'bytes', label: 'written' },
+  { key: 'barriers', label: 'barriers' },
+  { key: 'end', label: 'finalize / commit' }
 ];
 
 /** How often an open span grows while nothing new arrives. */
@@ -74,17 +77,7 @@ const TICK_MS = 500;
 /** Open spans stop growing this long after the last update (a silent, dead run). */
 const GROW_LIMIT_S = 60;
 
-function drawRow(table: HTMLTableElement, r: IRow): void {
-  const tr = el('tr', `nbckpt-w-row nbckpt-w-${r.status}`);
-  tr.dataset.process = String(r.process);
-  tr.dataset.status = r.status;
-  tr.append(el('td', 'nbckpt-w-proc', String(r.process)));
-  const phase = el('td', 'nbckpt-w-phase');
-  phase.append(breakable(r.phase));
-  if (r.phase_note) {
-    phase.append(el('div', 'nbckpt-w-note', r.phase_note));
-  }
-  tr.append(phase);
+function bytesCell(r: IRow): HTMLElement {
   const bytes = el('td', 'nbckpt-w-bytes');
   if (r.show_bytes) {
     const box = el('div', 'nbckpt-w-bytes-box');
@@ -102,27 +95,58 @@ function drawRow(table: HTMLTableElement, r: IRow): void {
     box.append(el('span', 'nbckpt-w-bytes-text', size));
     bytes.append(box);
   }
-  tr.append(bytes);
-  const chips = el('td', 'nbckpt-w-barriers');
-  for (const b of r.barriers) {
-    const chip = el('span', 'nbckpt-w-barrier');
-    chip.append(breakable(b.text));
-    chip.dataset.state = b.state;
-    chip.dataset.name = b.name;
-    chips.append(chip);
+  return bytes;
+}
+
+/** One cell of a row, by the column's key. */
+function cell(key: string, r: IRow): HTMLElement {
+  switch (key) {
+    case 'process':
+      return el('td', 'nbckpt-w-proc', String(r.process));
+    case 'phase': {
+      const phase = el('td', 'nbckpt-w-phase');
+      phase.append(breakable(r.phase));
+      if (r.phase_note) {
+        phase.append(el('div', 'nbckpt-w-note', r.phase_note));
+      }
+      return phase;
+    }
+    case 'bytes':
+      return bytesCell(r);
+    case 'barriers': {
+      const chips = el('td', 'nbckpt-w-barriers');
+      for (const b of r.barriers) {
+        const chip = el('span', 'nbckpt-w-barrier');
+        chip.append(breakable(b.text));
+        chip.dataset.state = b.state;
+        chip.dataset.name = b.name;
+        chips.append(chip);
+      }
+      return chips;
+    }
+    default: {
+      const end = el('td', 'nbckpt-w-end');
+      end.append(
+        el('span', 'nbckpt-w-status', r.status),
+        el('span', 'nbckpt-w-when', breakable(r.end_text))
+      );
+      return end;
+    }
   }
-  tr.append(chips);
-  const end = el('td', 'nbckpt-w-end');
-  end.append(
-    el('span', 'nbckpt-w-status', r.status),
-    el('span', 'nbckpt-w-when', breakable(r.end_text))
-  );
-  tr.append(end);
+}
+
+function drawRow(table: HTMLTableElement, r: IRow, columns: IColumn[]): void {
+  const tr = el('tr', `nbckpt-w-row nbckpt-w-${r.status}`);
+  tr.dataset.process = String(r.process);
+  tr.dataset.status = r.status;
+  for (const c of columns) {
+    tr.append(cell(c.key, r));
+  }
   table.append(tr);
   if (r.error) {
     const row = el('tr', 'nbckpt-w-error-row');
     const td = el('td', 'nbckpt-w-error', `process ${r.process}: ${r.error}`);
-    td.colSpan = HEADERS.length;
+    td.colSpan = columns.length;
     row.append(td);
     table.append(row);
   }
@@ -161,14 +185,14 @@ function drawTable(model: IModel, box: HTMLElement): void {
   const rows = model.get('rows') || [];
   const table = el('table', 'nbckpt-w-table');
   table.dataset.status = model.get('status');
+  const columns = model.get('columns') || SAVE_COLUMNS;
   const head = el('tr');
-  const verb = rows.find(r => r.bytes_verb)?.bytes_verb;
-  for (const h of HEADERS) {
-    head.append(el('th', '', h === HEADERS[2] && verb ? verb : h));
+  for (const c of columns) {
+    head.append(el('th', '', c.label));
   }
   table.append(head);
   for (const r of rows) {
-    drawRow(table, r);
+    drawRow(table, r, columns);
   }
   box.replaceChildren(table);
 }
@@ -264,6 +288,7 @@ function render({ model, el: root }: IRenderProps): () => void {
   };
   const events: [string, () => void][] = [
     ['change:rows', redrawTable],
+    ['change:columns', redrawTable],
     ['change:summary', redrawTable],
     ['change:status', redrawTable],
     ['change:title', redrawTable],
