@@ -219,7 +219,7 @@ def columns_of(view: OperationView) -> list[Column]:
     A save's end is its finalize and commit, a restore's the moment it restored, a
     barrier's its release; only saves and restores have a bytes column.
     """
-    end = {Kind.SAVE: "finalize / commit", Kind.RESTORE: str(Status.RESTORED)}
+    end: dict[str, str] = {Kind.SAVE: "finalize / commit", Kind.RESTORE: Status.RESTORED}
     columns: list[Column] = [{"key": "process", "label": "process"}]
     columns.append({"key": "phase", "label": "phase"})
     if view.kind in (Kind.SAVE, Kind.RESTORE):
