@@ -103,8 +103,17 @@ def test_resolve_operation_by_id_folder_directory_and_handle(tmp_path):
     client = CheckpointClient(SimpleNamespace(), tmp_path)
     assert resolve_operation(ops[0], None, client) == (str(tmp_path), ops[0])
     assert resolve_operation(None, None, client) == (str(tmp_path), ops[-1])
-    client.handles.append(SaveHandle("h", 1, "/elsewhere", [0.0], client))
-    assert resolve_operation(None, None, client) == ("/elsewhere", "h")
+    # The session's last save is not what "show me" means: the newest operation is
+    # (the barrier, or the failed restore, that just happened).
+    elsewhere = tmp_path / "elsewhere"
+    _journal(elsewhere, "20250101T000002.000000-save-9")
+    client.handles.append(
+        SaveHandle("20250101T000002.000000-save-9", 9, str(elsewhere), [0.0], client)
+    )
+    assert resolve_operation(None, None, client) == (str(tmp_path), ops[-1])
+    newer = "20250101T000009.000000-barrier-k-sync"
+    _journal(elsewhere, newer)
+    assert resolve_operation(None, None, client) == (str(elsewhere), newer)
     latest = ", ".join(ops[-3:])
     with pytest.raises(ValueError, match=rf"^no operation 'nope' in .*; latest: {latest}$"):
         resolve_operation("nope", str(tmp_path), None)

@@ -84,12 +84,16 @@ def test_text_and_html_show_every_row_and_the_failure_line(tmp_path):
         "blocking",
         "took",
         "processes",
+        "op",
     ]
     assert lines[1].split()[0] == "3" and "failed" in lines[1]
+    # The id %ckpt_show takes is on the row.
+    assert lines[1].split()[-1] == OP3
     assert lines[2].strip() == "process 1: OSError: disk on fire (then process 0 gave up)"
     assert lines[3].split()[0] == "1" and "2 committed" in lines[3]
     page = runs_html(watch.rows(), str(tmp_path), now=T0 + 1)
     assert page.count('<tr class="run"') == 2
     assert f'data-op="{OP3}" data-status="failed"' in page
+    assert f'<td class="op"><code>{OP3}</code></td>' in page
     assert "process 1: OSError: disk on fire" in page
     assert runs_text([]) == "no saves yet"

@@ -29,8 +29,9 @@ def resolve_operation(
     ----------
     op
         An operation id, or the path of its journal folder ``<root>/.nbckpt/ops/<op>``
-        (which names its root too). None: ``client``'s last save, else the newest
-        operation in the directory.
+        (which names its root too). None: the newest operation, whatever its kind
+        (the failure that just happened, not the session's last save): in the
+        directory, or in the client's directory and the root of its last save.
     directory
         The checkpoint root (default: ``client``'s directory).
     client
@@ -46,20 +47,27 @@ def resolve_operation(
     if folder is not None and folder.is_dir() and folder.parent.name == "ops":
         folder = folder.absolute()
         return str(folder.parents[2]), folder.name
+    roots: list[str] = []
     if directory is not None:
-        root = str(storage.location(directory))
-    elif op is None and client is not None and client.handles:
-        return client.handles[-1].root, client.handles[-1].op
-    elif client is not None and client.directory is not None:
-        root = client.directory
-    else:
+        roots.append(str(storage.location(directory)))
+    elif client is not None:
+        roots += [client.directory] if client.directory is not None else []
+        # A save to another root than the cluster's: its operations count too.
+        roots += [h.root for h in client.handles[-1:] if op is None]
+    roots = list(dict.fromkeys(roots))
+    if not roots:
         raise ValueError("which checkpoint directory? pass --dir D (or start the cluster)")
     reader = client.reader if client is not None else reads.LOCAL
-    known: list[str] = reader.run(reads.LIST_OPERATIONS, root)
+    found = {root: list(reader.run(reads.LIST_OPERATIONS, root)) for root in roots}
+    root = roots[0]
+    known = found[root]
     if op is None:
-        if not known:
-            raise ValueError(f"no journaled operations in {root}")
-        op = known[-1]
+        # Op ids begin with their start time: the greatest is the newest.
+        newest = [(ops[-1], r) for r, ops in found.items() if ops]
+        if not newest:
+            raise ValueError(f"no journaled operations in {', '.join(roots)}")
+        op, root = max(newest)
+        known = found[root]
     # An op is a folder name: nothing that could lead out of the journal's folder.
     if op in (".", "..") or "/" in op or "\\" in op or "\0" in op or op not in known:
         latest = ", ".join(known[-3:]) or "none"

@@ -256,10 +256,12 @@ def _cells(row: RunRow, now: float) -> list[str]:
         blocking,
         "-" if took is None else f"{took:.1f} s",
         _processes(row),
+        row.op,
     ]
 
 
-HEADERS = ["step", "started", "state", "written", "blocking", "took", "processes"]
+#: ``op``, last: the id ``%ckpt_show OP`` and ``%ckpt_timeline OP`` take.
+HEADERS = ["step", "started", "state", "written", "blocking", "took", "processes", "op"]
 
 
 def runs_text(rows: list[RunRow], now: float | None = None) -> str:
@@ -311,7 +313,8 @@ def runs_html(rows: list[RunRow], root: str, now: float | None = None) -> str:
             f'<tr class="run" data-op="{esc(row.op)}" data-status="{esc(row.status)}">'
             f"<td>{esc(cells[0])}</td><td>{esc(cells[1])}</td>"
             f'<td class="state">{esc(cells[2])}</td><td>{fill}{esc(cells[3])}</td>'
-            + "".join(f"<td>{esc(c)}</td>" for c in cells[4:])
+            + "".join(f"<td>{esc(c)}</td>" for c in cells[4:-1])
+            + f'<td class="op"><code>{esc(cells[-1])}</code></td>'
             + "</tr>"
         )
         if row.error:

@@ -130,8 +130,8 @@ OP_ARGS: Final = (
         "op",
         nargs="?",
         metavar="OP",
-        help="operation id or its journal folder (default: this session's last save, "
-        "else the newest operation in the directory)",
+        help="operation id or its journal folder (default: the newest operation, of "
+        "any kind, in the directory)",
     ),
     DIR_ARG,
 )
