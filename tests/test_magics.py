@@ -326,6 +326,35 @@ def test_local_tier_from_the_notebook(ip, cluster, capsys, tmp_path):
         ip.run_line_magic("ckpt_tiers", f"{root} --keep 3")
 
 
+TRAIN_HERE = """
+import os
+from nbckpt.engine import AsyncCheckpointer
+mine = AsyncCheckpointer()  # no root: the cluster's --dir
+told = (os.environ["NBCKPT_DIR"], CKPT_DIR, str(mine.root))
+mine.save(100, {"x": np.arange(4) + jax.process_index()})
+mine.wait_until_finished()
+mine.close()
+"""
+
+
+def test_engines_save_to_the_clusters_dir_without_being_told(ip, cluster, capsys):
+    # The review's loop wrote twelve saves to './{CKPT}', and %ckpt_watch saw none.
+    magics, root = cluster["magics"], cluster["root"]
+    ip.run_cell_magic("px", "", TRAIN_HERE)
+    assert _engines(magics, "told") == [(str(root),) * 3] * 2
+    ip.run_line_magic("ckpt_ls", "")
+    assert re.search(r"^\s+100\s+complete", capsys.readouterr().out, re.M)
+
+
+def test_a_checkpointer_without_a_root_says_where_to_set_one(monkeypatch):
+    from nbckpt.engine import AsyncCheckpointer
+    from nbckpt.errors import NoRootError
+
+    monkeypatch.delenv("NBCKPT_DIR", raising=False)
+    with pytest.raises(NoRootError, match=r"start --dir D, which sets NBCKPT_DIR"):
+        AsyncCheckpointer()
+
+
 def test_stop_then_magics_say_how_to_start(ip, cluster, capsys):
     ip.run_line_magic("ckpt_cluster", "stop")
     assert "cluster stopped in" in capsys.readouterr().out

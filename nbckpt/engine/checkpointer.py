@@ -15,7 +15,7 @@ import os
 from nbckpt import storage
 from nbckpt.engine.arrays.array_format import format_for
 from nbckpt.engine.context import Context
-from nbckpt.engine.options import CheckpointerOptions, check_pack_bytes
+from nbckpt.engine.options import CheckpointerOptions, check_pack_bytes, root_or_default
 from nbckpt.engine.options import check_step as _check_step
 from nbckpt.engine.save.prune import prune_everywhere
 from nbckpt.engine.saver import CheckpointSaver
@@ -53,7 +53,9 @@ class AsyncCheckpointer(CheckpointSaver):
         the processes run on several hosts), or an object-store URL such as
         ``s3://bucket/prefix`` or ``gs://bucket/prefix`` (see :mod:`nbckpt.storage`
         for their configuration). A URL of another scheme is refused, never taken for
-        a local path.
+        a local path. None: the cluster's ``--dir`` (``%ckpt_cluster start --dir D``
+        sets ``NBCKPT_DIR`` on every engine); without one, a
+        :class:`~nbckpt.errors.NoRootError`.
     mode, primary, timeout_s, format, pack_bytes
         See :class:`CheckpointerOptions`; ``mode``, ``timeout_s`` and ``format`` are
         defaults that each call may override. ``pack_bytes=0`` stores every leaf as
@@ -86,7 +88,7 @@ class AsyncCheckpointer(CheckpointSaver):
 
     def __init__(
         self,
-        root: str | os.PathLike[str] | Location,
+        root: str | os.PathLike[str] | Location | None = None,
         *,
         mode: Mode | None = None,
         primary: int = 0,
@@ -106,7 +108,7 @@ class AsyncCheckpointer(CheckpointSaver):
         local_keep: int = 2,
         pack_bytes: int = DEFAULT_PACK_BYTES,
     ) -> None:
-        where = storage.location(root)  # refuses a URL it cannot store at
+        where = storage.location(root_or_default(root))  # refuses a URL it cannot store at
         mode = storage.commit_mode(where, mode)  # refuses rename mode on an object store
         format_for(format)  # validates the format
         timeout_s = check_timeout(timeout_s, "timeout_s")

@@ -3,14 +3,35 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 
 from nbckpt.engine.tiers.options import TierOptions
+from nbckpt.errors import NoRootError
 from nbckpt.formats.packs import DEFAULT_PACK_BYTES
 from nbckpt.formats.retention import RetentionPolicy
-from nbckpt.protocol import DEFAULT_SAVE_TIMEOUT_S, RENAME, Mode
+from nbckpt.protocol import DEFAULT_SAVE_TIMEOUT_S, DIR_ENV, RENAME, Mode
+from nbckpt.storage import Location
 
-__all__ = ["CheckpointerOptions", "check_pack_bytes", "check_step"]
+__all__ = ["CheckpointerOptions", "check_pack_bytes", "check_step", "root_or_default"]
+
+
+def root_or_default(
+    root: str | os.PathLike[str] | Location | None,
+) -> str | os.PathLike[str] | Location:
+    """``root``, else the cluster's ``--dir``, which ``%ckpt_cluster start`` set here.
+
+    Raises
+    ------
+    NoRootError
+        Without ``root`` and without :data:`~nbckpt.protocol.DIR_ENV` in the environment.
+    """
+    if root is not None:
+        return root
+    found = os.environ.get(DIR_ENV)
+    if not found:
+        raise NoRootError(DIR_ENV)
+    return found
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -84,7 +84,8 @@ class TrainingCheckpointer:
     Parameters
     ----------
     root
-        The checkpoint root (see :class:`~nbckpt.engine.AsyncCheckpointer`).
+        The checkpoint root (see :class:`~nbckpt.engine.AsyncCheckpointer`); None, the
+        cluster's ``--dir``, set on every engine by ``%ckpt_cluster start --dir D``.
     save
         When to save; by default only on preemption (pass ``every_steps`` or
         ``every_seconds`` for regular saves).
@@ -97,7 +98,7 @@ class TrainingCheckpointer:
 
     def __init__(
         self,
-        root: str | os.PathLike[str] | Location,
+        root: str | os.PathLike[str] | Location | None = None,
         *,
         save: SavePolicy | None = None,
         **options: Any,

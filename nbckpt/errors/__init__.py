@@ -11,7 +11,8 @@ notebook-side code can catch them without importing it::
     │   ├── RollbackRefusedError (ValueError) a save older than the newest step
     │   ├── DisagreementError (ValueError)    the processes of a save asked for different things
     │   ├── StorageURLError (ValueError)      a root URL nbckpt cannot store at
-    │   └── RenameUnavailableError (ValueError)  rename mode asked of a store without rename
+    │   ├── RenameUnavailableError (ValueError)  rename mode asked of a store without rename
+    │   └── NoRootError (ValueError)          a checkpointer without a root, and none set
     ├── PeerError                             another process failed, died or timed out
     │   ├── BarrierTimeoutError (TimeoutError)
     │   ├── PeerFailedError                   a peer failed (its error is the reason)
@@ -69,6 +70,7 @@ from nbckpt.errors._storage import RootNotWritableError, StorageError
 from nbckpt.errors._usage import (
     CommitRefusedError,
     DisagreementError,
+    NoRootError,
     RenameUnavailableError,
     RollbackRefusedError,
     StepExistsError,
@@ -104,6 +106,7 @@ __all__ = [
     "StepNotFoundError",
     "StorageError",
     "StorageURLError",
+    "NoRootError",
     "RenameUnavailableError",
     "by_process",
     "outcome",

@@ -90,3 +90,14 @@ class RenameUnavailableError(CallError, ValueError):
             "so steps there are published by a commit object written last; leave mode "
             "unset (or pass mode='commit_file')"
         )
+
+
+class NoRootError(CallError, ValueError):
+    """A checkpointer was made without a root, and none was set for this process."""
+
+    def __init__(self, variable: str) -> None:
+        super().__init__(
+            "no checkpoint root: pass one (AsyncCheckpointer('/shared/ckpt')), or start "
+            f"the cluster with %ckpt_cluster start --dir D, which sets {variable} on every "
+            "engine"
+        )

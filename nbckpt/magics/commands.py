@@ -28,7 +28,7 @@ from nbckpt.magics.cluster import (
 from nbckpt.magics.inspection import LINE_MAGICS, InspectionMagics
 from nbckpt.magics.rollback import ROLLBACK, parse_rollback_args
 from nbckpt.magics.tiers import TIER_MAGICS, TierMagics
-from nbckpt.session.client import CheckpointClient, SaveHandle
+from nbckpt.session.client import CheckpointClient, SaveHandle, announce_root
 
 __all__ = ["NbckptMagics", "get_client", "load_ipython_extension"]
 
@@ -55,7 +55,10 @@ class NbckptMagics(InspectionMagics, TierMagics):
         (engine i is process i; process 0 hosts the coordination service) and makes
         ``%px`` / ``%%px`` run on all of them. ``restart`` replaces every engine (a JAX
         process cannot rejoin a job). ``start`` checks ``--dir`` before it starts any
-        process, and stops what it started if it fails later. After a process died,
+        process, and stops what it started if it fails later; with ``--dir D`` every
+        engine gets ``D`` as ``NBCKPT_DIR`` (the default root of ``AsyncCheckpointer()``
+        and ``TrainingCheckpointer()`` there) and as ``CKPT_DIR`` in ``%%px`` cells.
+        After a process died,
         ``%px`` says which one, and that ``restart`` is the way on.
         """
         args = a.parse_cluster_args(line)
@@ -71,6 +74,9 @@ class NbckptMagics(InspectionMagics, TierMagics):
         elif args.action == "restart":
             self.cluster.restart()  # activates %px on the new engines, as start does
             guard_px(self.shell, lambda: self.cluster)
+            root = self._client().directory
+            if root is not None:
+                announce_root(self.cluster, root)
             self._client().handles.clear()
             print(
                 f"{len(self.cluster.engine_ids)} fresh JAX processes ready in "
@@ -96,6 +102,8 @@ class NbckptMagics(InspectionMagics, TierMagics):
         try:
             client = CheckpointClient(cluster, root)
             cluster.register_root(client.directory)  # the lab sidebar offers this root
+            if client.directory is not None:  # %%px loops save where the notebook looks
+                announce_root(cluster, client.directory)
             cluster.activate_px()  # %px waits for the engines and shows their output
         except BaseException:
             if args.action == "start":  # never lose track of processes nbckpt started

@@ -31,6 +31,8 @@ __all__ = [
     "FAULTS",
     "FAULT_ACTIONS",
     "DEFAULT_SAVE_TIMEOUT_S",
+    "DIR_ENV",
+    "DIR_NAME",
     "END_STATUS",
     "END_STATUSES",
     "FORMATS",
@@ -305,6 +307,12 @@ SaveFormat = Literal["nbckpt", "orbax"]
 FORMATS: Final[tuple[SaveFormat, ...]] = ("nbckpt", "orbax")
 NBCKPT_FORMAT: Final[SaveFormat] = "nbckpt"
 ORBAX_FORMAT: Final[SaveFormat] = "orbax"
+
+#: Set on every engine of a cluster started with ``--dir D``: the root an
+#: ``AsyncCheckpointer()`` or ``TrainingCheckpointer()`` made without one saves to.
+DIR_ENV: Final = "NBCKPT_DIR"
+#: The name the same root has in the engines' namespace, for ``%%px`` cells.
+DIR_NAME: Final = "CKPT_DIR"
 
 DEFAULT_SAVE_TIMEOUT_S: Final = 300.0
 DEFAULT_BARRIER_TIMEOUT_S: Final = 60.0

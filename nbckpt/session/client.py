@@ -37,6 +37,7 @@ __all__ = [
     "CheckpointClient",
     "SaveFailedError",
     "SaveHandle",
+    "announce_root",
 ]
 
 
@@ -107,6 +108,20 @@ def _start_on_engines(
     if errors and (not results or any(t != ENGINE_DIED for t in errors.values())):
         raise errors_by_process(f"save of {var!r} as step {step}", errors)
     return results
+
+
+def announce_root(cluster: JaxCluster, root: str) -> None:
+    """Tell every engine the cluster's root: ``NBCKPT_DIR``, and ``CKPT_DIR`` in ``%px``.
+
+    ``AsyncCheckpointer()`` and ``TrainingCheckpointer()`` on an engine then save where
+    ``%ckpt_watch`` and the sidebar look.
+    """
+    outcomes = cluster.apply_each(
+        _interactive(_in_namespace), f"{AGENT}:set_directory", (root,), {}, timeout_s=30
+    )
+    errors = {rank: res for rank, (ok, res) in enumerate(outcomes) if not ok}
+    if errors:
+        raise errors_by_process(f"telling the engines the root {root}", errors)
 
 
 def _run_barrier(

@@ -8,6 +8,7 @@ passes the values in.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -23,6 +24,8 @@ from nbckpt.journal import JournalWriter
 from nbckpt.protocol import (
     DEFAULT_BARRIER_TIMEOUT_S,
     DEFAULT_SAVE_TIMEOUT_S,
+    DIR_ENV,
+    DIR_NAME,
     PROCESS_PLACEHOLDER,
     Event,
     Kind,
@@ -308,6 +311,18 @@ def barrier(
         journal.emit(Event.COMMITTED)
         journal.close()
     return {"process": sync.process_index, "entered": entered, "left": left, "key": f"{op}/{name}"}
+
+
+def set_directory(namespace: dict[str, Any], root: str) -> str:
+    """Make ``root`` this engine's default: ``NBCKPT_DIR``, and ``CKPT_DIR`` in ``%px``.
+
+    A training loop in ``%%px`` then saves where the notebook watches
+    (``AsyncCheckpointer()``, ``TrainingCheckpointer()``, or ``CKPT_DIR``), rather
+    than to a path pushed by hand.
+    """
+    os.environ[DIR_ENV] = root
+    namespace[DIR_NAME] = root
+    return root
 
 
 def health_view() -> dict[int, str]:
