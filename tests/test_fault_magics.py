@@ -72,6 +72,29 @@ def test_stall_slow_io_list_and_clear(env, capsys):
     assert capsys.readouterr().out.count("no faults") == 3
 
 
+def test_faults_and_status_reach_engines_busy_in_a_noblock_loop(env, capsys):
+    # The review: behind a %%px --noblock loop %ckpt_fault blocked the notebook or
+    # failed after 30 s (and might arm later), and %ckpt_status called the engines idle.
+    ip = env["ip"]
+    loop = ip.run_cell_magic("px", "--noblock", "import time\nfor _ in range(80): time.sleep(0.1)")
+    assert isinstance(loop, ipp.AsyncResult)
+    try:
+        ip.run_line_magic("ckpt_fault", "stall --process 1 --at write --seconds 0.5")
+        ip.run_line_magic("ckpt_status", "")
+        out = capsys.readouterr().out
+        assert not loop.ready()  # armed and reported while the loop still runs
+        line = next(ln for ln in out.splitlines() if ln.startswith("process 1: host"))
+        assert "running a cell" in line and line.endswith("faults armed: stall 0.5 s at write")
+        assert all("running a cell" in ln for ln in out.splitlines() if ": host " in ln)
+        ip.run_line_magic("ckpt_fault", "clear")
+        ip.run_line_magic("ckpt_fault", "list")
+        assert capsys.readouterr().out.count("no faults") == 3 and not loop.ready()
+    finally:
+        loop.get(timeout=60)
+    ip.run_line_magic("ckpt_status", "")
+    assert capsys.readouterr().out.count(", idle") == 3
+
+
 def test_fail_io_names_the_process(env):
     ip = env["ip"]
     ip.run_line_magic("ckpt_fault", "fail-io --process 1")

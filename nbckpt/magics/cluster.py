@@ -157,9 +157,13 @@ def status_text(st: dict[str, Any]) -> str:
         )
     for e in st["engines"]:
         flying = [c["last_op"] for c in e["checkpointers"] if c["in_flight"]]
+        doing = ["running a cell"] if e.get("busy") else []
+        doing += [f"saving {', '.join(flying)}"] if flying else []
+        armed = e.get("faults") or []
         lines.append(
             f"process {e['process']}: host {e['host']}, pid {e['pid']}, "
-            f"{'saving ' + ', '.join(flying) if flying else 'idle'}"
+            + (", ".join(doing) if doing else "idle")
+            + (f"; faults armed: {', '.join(armed)}" if armed else "")
         )
     lines += [f"step {s['step']} -> {s['root']}: {s['status']} ({s['op']})" for s in st["saves"]]
     return "\n".join(lines)

@@ -1,15 +1,22 @@
-"""The reads the notebook may ask of the engines' read service, by function name.
+"""What the notebook may ask of the engines' service, by function name.
 
-On a cluster whose storage the notebook cannot see, the engines answer the notebook's
-reads of checkpoint records (:mod:`nbckpt.engine.remote.relay`); the notebook sends
-them through :mod:`nbckpt.session.reads`. Both sides agree on this list, and the
-service runs these functions and nothing else.
+Every engine runs a small service in a thread of its own
+(:mod:`nbckpt.engine.remote.relay`), so it answers while a ``%%px`` cell (a training
+loop) keeps the engine busy. On a cluster whose storage the notebook cannot see, it
+answers the notebook's reads of checkpoint records (:data:`READS`, sent through
+:mod:`nbckpt.session.reads`); on every cluster, the controls that must reach a busy
+engine at once (:data:`CONTROLS`: arm, list or clear a fault; report the process's
+status). Both sides agree on these lists, and the service runs these functions and
+nothing else.
 """
 
 from __future__ import annotations
 
 __all__ = [
     "ALL_STEPS",
+    "CONTROLS",
+    "FAULT",
+    "STATUS",
     "FSCK",
     "IS_COMPLETE",
     "LIST_OPERATIONS",
@@ -42,3 +49,9 @@ READS = frozenset(
         FSCK,
     }
 )
+
+#: Arm, list or clear a fault in the process (``%ckpt_fault``), now, not after a cell.
+FAULT = "nbckpt.engine.remote.agent:fault"
+#: The process's report: host, pid, checkpointers, what is in flight, armed faults.
+STATUS = "nbckpt.engine.remote.agent:status"
+CONTROLS = frozenset({FAULT, STATUS})

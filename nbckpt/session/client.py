@@ -25,6 +25,7 @@ from nbckpt.protocol import (
     check_optional_timeout,
     check_timeout,
 )
+from nbckpt.protocol.reads import STATUS
 from nbckpt.session import reads
 from nbckpt.session.cluster import JaxCluster
 from nbckpt.session.faults import arm_fault
@@ -158,15 +159,26 @@ def _run_barrier(
 
 
 def _engine_reports(cluster: JaxCluster, health: dict[int, str]) -> list[Any]:
-    """The engines' status reports, when process 0 is alive (else none)."""
+    """The engines' status reports, when process 0 is alive (else none).
+
+    Asked of each engine's service, which answers while a cell keeps the engine busy;
+    ``busy`` says whether one does (the controller's queue for that engine).
+    """
     alive = [p for p, h in health.items() if h == "alive"]
+    if not alive or 0 not in alive:
+        return []
     engines = []
-    if alive and 0 in alive:
-        view = cluster.client.direct_view(targets=[cluster.engine_ids[p] for p in alive])
-        try:
+    try:
+        if cluster.relay is not None:
+            engines = [cluster.relay.ask(p, STATUS) for p in alive]
+        else:
+            view = cluster.client.direct_view(targets=[cluster.engine_ids[p] for p in alive])
             engines = list(view.apply_async(remote(f"{AGENT}:status")).get(timeout=30))
-        except Exception:  # an engine died meanwhile: the health line says which
-            engines = []
+        queued = cluster.client.queue_status(targets=[cluster.engine_ids[p] for p in alive])
+    except Exception:  # an engine died meanwhile: the health line says which
+        return engines
+    for p, report in zip(alive, engines, strict=False):
+        report["busy"] = queued.get(cluster.engine_ids[p], {}).get("queue", 0) > 0
     return engines
 
 

@@ -21,6 +21,7 @@ split are exported from here still.
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -173,9 +174,13 @@ class JaxCluster(Engines):
         """Where this cluster's reads of checkpoint records run.
 
         :data:`~nbckpt.session.reads.LOCAL` for engines on this machine; one sending
-        reads to the hosts' read services (``relay``) for engines elsewhere.
+        reads to the hosts' services (``relay``) for engines elsewhere. (Every engine
+        runs one; on this machine only faults and status go there.)
         """
-        return Reader(self.relay) if self.relay is not None else LOCAL
+        here = socket.gethostname()
+        if self.relay is None or all(host == here for host in self.engine_hosts):
+            return LOCAL
+        return Reader(self.relay)
 
     def __repr__(self) -> str:
         return f"JaxCluster(id={self.cluster_id!r}, engines={self.engine_ids}, {self.options})"

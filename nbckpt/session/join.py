@@ -193,14 +193,13 @@ RelayRequest = tuple[bytes, list[Any]]
 
 
 def ask_relays(client: Any, placement: Placement, toward: str) -> RelayRequest | None:
-    """Ask engines of other hosts to start the read services the notebook reads through.
+    """Ask every engine to start its service (:mod:`nbckpt.engine.remote.relay`).
 
-    The hosts see the checkpoint storage; this machine may not (see
-    :mod:`nbckpt.session.reads`). Engines on this machine need none (None). Returns the
-    key and the requests, for :func:`use_relays`.
+    Through it a busy engine answers ``%ckpt_fault`` and ``%ckpt_status`` at once; on
+    other hosts, whose storage this machine may not see (:mod:`nbckpt.session.reads`),
+    the notebook's reads go there too. Returns the key and the requests, for
+    :func:`use_relays`.
     """
-    if all(host == socket.gethostname() for host in placement.engine_hosts):
-        return None
     key = os.urandom(32)
     return key, send(client, placement.engine_ids, f"{RELAY}:serve", key, toward)
 

@@ -134,6 +134,36 @@ class Relay:
                 "%ckpt_cluster status"
             )
 
+    def ask(self, process: int, ref: str, *args: Any, **kwargs: Any) -> Any:
+        """Run ``module:function`` on process ``process``'s service; return its result.
+
+        For what must reach that very process (a fault), even while a cell keeps its
+        engine busy; a connection of its own, closed after the answer.
+
+        Raises
+        ------
+        EOFError
+            If the process ended before it answered (a fault that kills it at once).
+        TimeoutError
+            If it did not answer within ``timeout_s``.
+        OSError
+            If its service could not be reached.
+        Exception
+            What the function raised there, as it raised it.
+        """
+        conn = self._connect(self.addresses[process])
+        with conn:
+            conn.send((ref, args, kwargs))
+            if not conn.poll(self.timeout_s):
+                raise TimeoutError(
+                    f"process {process} on {self.hosts[process]} did not answer within "
+                    f"{self.timeout_s:g} s"
+                )
+            status, value = conn.recv()
+        if status == "ok":
+            return value
+        raise value
+
     def close_connection(self) -> None:
         """Drop the connection; the next call connects again."""
         if self._conn is not None:

@@ -331,9 +331,14 @@ def health_view() -> dict[int, str]:
 
 
 def status() -> dict[str, Any]:
-    """Report this process's checkpointers: root, last operation, whether in flight."""
+    """Report this process: its checkpointers (root, last operation, in flight), faults.
+
+    Asked through the engine's service (:mod:`nbckpt.engine.remote.relay`), so it
+    answers while a cell keeps the engine busy.
+    """
     out = info()
     out["health"] = health_view()
+    out["faults"] = faults.list_faults()
     out["checkpointers"] = [
         {"root": path, "last_op": c.last_op, "in_flight": c.in_flight()}
         for path, c in _checkpointers.items()

@@ -1,13 +1,14 @@
-"""Answer the notebook's reads of checkpoint records, from a host that sees the storage.
+"""Answer the notebook from a thread of the engine's own, while a cell keeps it busy.
 
-On a real cluster the notebook's machine often does not mount the checkpoint root; the
-hosts do. Each engine of such a cluster runs this small service in a thread of its own,
-so it answers while the engine's main thread runs a ``%%px`` cell (a training loop):
-the live widgets, ``%ckpt_show``, ``%ckpt_timeline``, ``%ckpt_ls``, ``%ckpt_fsck`` and
-``SaveHandle.wait`` read through it. :mod:`nbckpt.session.reads` is the notebook's
-side, and :mod:`nbckpt.protocol.reads` the list of reads both sides agree on.
+Each engine runs this small service in a thread of its own, so it answers while the
+engine's main thread runs a ``%%px`` cell (a training loop). On a real cluster the
+notebook's machine often does not mount the checkpoint root; the hosts do: the live
+widgets, ``%ckpt_show``, ``%ckpt_timeline``, ``%ckpt_ls``, ``%ckpt_fsck`` and
+``SaveHandle.wait`` read through it. On every cluster, ``%ckpt_fault`` and
+``%ckpt_status`` reach a busy engine through it at once. :mod:`nbckpt.session.reads`
+is the notebook's side, and :mod:`nbckpt.protocol.reads` the lists both sides agree on.
 
-It runs only the read functions in :data:`ALLOWED`, by name, and only for a client
+It runs only the functions in :data:`ALLOWED`, by name, and only for a client
 that proves it holds the key the notebook sent through ipyparallel's authenticated
 channel (``multiprocessing.connection``'s HMAC challenge, both ways). It listens on the
 address that reaches the notebook's controller, never on every interface.
@@ -21,12 +22,13 @@ from multiprocessing.connection import Connection, Listener
 from typing import Any
 
 from nbckpt.netaddr import route_address
-from nbckpt.protocol.reads import READS
+from nbckpt.protocol.reads import CONTROLS, READS
 
 __all__ = ["ALLOWED", "serve", "stop"]
 
-#: What the notebook may ask: reads of records, and fsck (whose ``clean`` it asks for).
-ALLOWED = READS
+#: What the notebook may ask: reads of records, fsck (whose ``clean`` it asks for), and
+#: the controls a busy engine must answer at once (faults, status).
+ALLOWED = READS | CONTROLS
 
 _listener: Listener | None = None
 _address: str | None = None
