@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
+import ipyparallel as ipp
 import pytest
 from IPython.core.error import UsageError
 
@@ -353,6 +355,21 @@ def test_a_checkpointer_without_a_root_says_where_to_set_one(monkeypatch):
     monkeypatch.delenv("NBCKPT_DIR", raising=False)
     with pytest.raises(NoRootError, match=r"start --dir D, which sets NBCKPT_DIR"):
         AsyncCheckpointer()
+
+
+def test_stop_interrupts_a_running_loop_first(ip, cluster):
+    # The review: a stop with a --noblock task running took 18.5 s; its request to
+    # leave the job waited behind the loop, and busy engines died slowly.
+    engines = cluster["magics"].cluster
+    loop = ip.run_cell_magic("px", "--noblock", "import time\nwhile True: time.sleep(0.1)")
+    deadline = time.monotonic() + 30  # until the controller has queued it on both
+    while engines.busy() != [0, 1] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert engines.busy() == [0, 1]
+    assert engines.interrupt_busy(wait_s=30) == [0, 1]
+    assert loop.ready() and engines.busy() == []
+    with pytest.raises(ipp.error.CompositeError, match="KeyboardInterrupt"):
+        loop.get()
 
 
 def test_stop_then_magics_say_how_to_start(ip, cluster, capsys):

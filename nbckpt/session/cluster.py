@@ -388,6 +388,9 @@ class JaxCluster(Engines):
         t0 = time.perf_counter()
         self.unregister_root()
         # Teardown goes on whatever state the engines are in: each step is best effort.
+        # A running cell (a --noblock training loop) is interrupted first: the request to
+        # leave the job would wait behind it, and a busy engine dies slowly.
+        self.interrupt_busy(min(1.0, timeout_s))
         self.leave_job(min(3.0, timeout_s))
         stop_processes(self.cluster, self.client)
         self.cluster = None

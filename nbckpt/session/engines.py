@@ -15,6 +15,7 @@ process whose engine still answers the controller but left the JAX job.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -171,6 +172,32 @@ class Engines:
     def status(self) -> list[dict[str, Any]]:
         """Each engine's report (process, devices, host, checkpointers), in rank order."""
         return self.apply(f"{AGENT}:status", what="status", timeout_s=30)
+
+    def busy(self) -> list[int]:
+        """The processes whose engine runs a cell or has one queued (the controller says)."""
+        if self.client is None or not self.engine_ids:
+            return []
+        queued = self.client.queue_status(targets=list(self.engine_ids))
+        return [p for p, e in enumerate(self.engine_ids) if queued.get(e, {}).get("queue", 0)]
+
+    def interrupt_busy(self, wait_s: float) -> list[int]:
+        """Interrupt the cells engines are running, as Kernel > Interrupt does; best effort.
+
+        A stop otherwise waits on engines busy in a ``%%px --noblock`` loop: the request
+        to leave the job queues behind the loop until it times out, and the engines then
+        take seconds to die. SIGINT goes through each engine's nanny; then up to
+        ``wait_s`` for the cells to end. Returns the processes that were busy.
+        """
+        with contextlib.suppress(Exception):
+            busy = self.busy()
+            if busy:
+                targets = [self.engine_ids[p] for p in busy]
+                self.client.send_signal("SIGINT", targets=targets, block=True)
+                deadline = time.monotonic() + wait_s
+                while self.busy() and time.monotonic() < deadline:
+                    time.sleep(0.05)
+            return busy
+        return []
 
     def leave_job(self, grace_s: float) -> None:
         """Ask every engine to leave the JAX job; wait ``grace_s`` at most, raise nothing.

@@ -79,7 +79,11 @@ class Launcher:
         """The ipyparallel ``Cluster`` to start: its controller on ``controller_ip``.
 
         The controller's 0.5 s heartbeat lets engines register in about 3 s instead of
-        about 7, and tells of a dead engine within about a second.
+        about 7, and tells of a dead engine within about a second. No cluster file is
+        written (``cluster_file=""``): ipyparallel's server extension would find it,
+        adopt the cluster, and log every engine's and the controller's output into the
+        Jupyter server's log when they stop (thousands of lines a session). Attaching
+        needs only the controller's connection files, which are still written.
         """
         import ipyparallel as ipp
 
@@ -90,6 +94,7 @@ class Launcher:
             "controller_args": ["--HeartMonitor.period=500"],
             "log_level": 40,
             "engines": o.engines,
+            "cluster_file": "",
         }
         if o.profile:
             kwargs["profile"] = o.profile

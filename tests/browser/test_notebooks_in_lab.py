@@ -38,7 +38,7 @@ import nbformat
 import pytest
 
 from nbckpt.journal import read_operation
-from nbckpt.protocol import Kind, Status
+from nbckpt.protocol import END_STATUS, Kind, Status
 from nbckpt.views.monitor import OperationView, settled, view_state
 from nbckpt.widgets.progress import rows_from_view, title_of
 from tests.browser.labserver import ARTIFACTS, REPO, lab_page, run_command, running_lab
@@ -59,6 +59,8 @@ class Lab:
     base: str
     token: str
     root: Path
+    #: The server's log (``lab.log`` in its home).
+    log: Path
 
     def url(self, notebook: str) -> str:
         """The notebook opened in a workspace of its own."""
@@ -72,8 +74,9 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     root = tmp_path_factory.mktemp("notebooks-lab")
     for name in ("01_quickstart.ipynb", "04_atomicity_and_failures.ipynb"):
         shutil.copyfile(NOTEBOOKS / name, root / name)
-    with running_lab(root, tmp_path_factory.mktemp("jupyter-home")) as (base, token):
-        yield Lab(base, token, root)
+    home = tmp_path_factory.mktemp("jupyter-home")
+    with running_lab(root, home) as (base, token):
+        yield Lab(base, token, root, home / "lab.log")
 
 
 # -- running a notebook ---------------------------------------------------------------
@@ -482,10 +485,11 @@ def test_quickstart_widgets_tell_what_the_journal_says(lab: Lab) -> None:
             "ckpt-quickstart-",
         )
         shown = sorted(((v.kind, v.step, v.status) for v in views.values()), key=str)
-        assert shown == [(Kind.BARRIER, None, Status.COMMITTED), (Kind.SAVE, 1, Status.COMMITTED)]
+        # A barrier is released, a save committed.
+        assert shown == [(Kind.BARRIER, None, Status.RELEASED), (Kind.SAVE, 1, Status.COMMITTED)]
         for op, view in views.items():
             _agrees_with_journal(page, op, view)
-            assert {p.status for p in view.processes} == {Status.COMMITTED}
+            assert {p.status for p in view.processes} == {END_STATUS[view.kind]}
         save = next(op for op, v in views.items() if v.kind == Kind.SAVE)
         _in_both_themes(page, lab, "nb01", ckpt, views, show=save)
 
@@ -520,3 +524,9 @@ def test_failures_widgets_tell_what_the_journal_says(lab: Lab) -> None:
             assert row.locator(".nbckpt-w-status").text_content() == status
         assert widget.locator(".nbckpt-w-badge").text_content() == Status.FAILED
         _in_both_themes(page, lab, "nb04", ckpt, views, show=failed)
+    # Two notebooks started and stopped three clusters, one of whose processes was
+    # killed: the server's log holds none of their output (the review counted 2,755
+    # lines: ipyparallel's server extension adopted each cluster and logged it).
+    log = lab.log.read_text(errors="replace")
+    assert "Output for" not in log and "Traceback" not in log
+    assert "Monitor message" not in log
