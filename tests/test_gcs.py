@@ -146,3 +146,6 @@ async def test_server_routes_list_a_bucket_root_with_the_servers_credentials(
     monkeypatch.setenv("CLOUDSDK_CONFIG", "/nonexistent")
     code, data = await api_get(jp_fetch, "checkpoints", params={"root": root})
     assert code == 403 and "GOOGLE_APPLICATION_CREDENTIALS" in data["message"], data
+    # ... and where it would send them, and how to point it at a server like this one.
+    assert "TENSORSTORE_GCS_HTTP_URL" in data["message"], data
+    assert "this server would ask http://127.0.0.1:" in data["message"], data

@@ -286,3 +286,4 @@ async def test_server_routes_list_a_bucket_root_with_the_servers_credentials(
     monkeypatch.delenv(store.credential_var)
     code, data = await api_get(jp_fetch, "checkpoints", params={"root": root})
     assert code == 403 and "no credentials" in data["message"], data
+    assert "if the store is not the cloud's (this server would ask " in data["message"], data

@@ -1,5 +1,7 @@
 import { ISignal, Signal } from '@lumino/signaling';
 
+import { ServerConnection } from '@jupyterlab/services';
+
 import { IProtocol, loadProtocol } from './protocol';
 import { requestAPI } from './request';
 
@@ -60,10 +62,21 @@ interface IRootAnswer {
   checkpoints: ICheckpoints | null;
   operations: IOperations | null;
   error: string | null;
+  /** The server refused the root (4xx): asking again changes nothing until fixed. */
+  refused: boolean;
 }
 
 function message(reason: unknown): string {
   return reason instanceof Error ? reason.message : String(reason);
+}
+
+/** Whether the server refused the request (a 4xx: no credentials, outside, missing). */
+function refusedBy(reason: unknown): boolean {
+  if (!(reason instanceof ServerConnection.ResponseError)) {
+    return false;
+  }
+  const status = reason.response.status;
+  return status >= 400 && status < 500;
 }
 
 /**
@@ -239,6 +252,7 @@ export class CheckpointsModel {
     this._checkpoints = null;
     this._operations = null;
     this._error = null;
+    this._refused = false;
     this._rootChanged.emit(root);
     await this.refresh(true);
   }
@@ -257,7 +271,9 @@ export class CheckpointsModel {
     const [protocol, activity, answer] = await Promise.all([
       loadProtocol().catch(() => null),
       requestAPI<IActivity>('activity', {}).catch(() => null),
-      root !== null && (this._visible || force)
+      // A root the server refused is asked again only when the user asks (Refresh):
+      // polling it every few seconds only repeated the refusal in the server's log.
+      root !== null && (force || (this._visible && !this._refused))
         ? this._loadRoot(root)
         : Promise.resolve(null)
     ]);
@@ -272,7 +288,10 @@ export class CheckpointsModel {
     if (answer !== null && generation === this._generation) {
       this._checkpoints = answer.checkpoints;
       this._operations = answer.operations;
-      this._error = answer.error;
+      this._error = answer.refused
+        ? `${answer.error} (not asked again until Refresh)`
+        : answer.error;
+      this._refused = answer.refused;
     }
     this._changed.emit();
     this._schedule();
@@ -328,9 +347,14 @@ export class CheckpointsModel {
         requestAPI<ICheckpoints>('checkpoints', { root }),
         requestAPI<IOperations>('operations', { root })
       ]);
-      return { checkpoints, operations, error: null };
+      return { checkpoints, operations, error: null, refused: false };
     } catch (reason) {
-      return { checkpoints: null, operations: null, error: message(reason) };
+      return {
+        checkpoints: null,
+        operations: null,
+        error: message(reason),
+        refused: refusedBy(reason)
+      };
     }
   }
 
@@ -360,6 +384,7 @@ export class CheckpointsModel {
   };
 
   private _root: string | null = null;
+  private _refused = false;
   private _generation = 0;
   private _seq = 0;
   private _applied = 0;

@@ -178,9 +178,12 @@ class CheckpointManager:
         if isinstance(where, Path):  # file:// is a local path: confined like the rest
             return self.resolve(self.relative_or_refuse(where))
         if not has_object_credentials(where):
+            # A store that runs inside a kernel (a lesson's) is not the cloud's: say
+            # where this server would send its requests, and how to point it elsewhere.
             raise ForbiddenPathError(
-                f"the server has no credentials for {url}: start it with "
-                f"{where.credentials_hint} set"
+                f"the server has no credentials for {url}: start JupyterLab with "
+                f"{where.credentials_hint} set, and {where.endpoint_variable} if the store "
+                f"is not the cloud's (this server would ask {where.endpoint})"
             )
         return where
 

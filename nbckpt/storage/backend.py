@@ -42,6 +42,8 @@ class Backend:
     driver: ClassVar[str] = ""
     #: How a user gives this store's credentials to a process, for messages.
     credentials_hint: ClassVar[str] = ""
+    #: The variable that points a process at another server than the cloud's.
+    endpoint_variable: ClassVar[str] = ""
 
     def bucket_spec(self) -> dict[str, Any]:
         """The tensorstore kvstore spec of the whole bucket (without ``path``)."""

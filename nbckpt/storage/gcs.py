@@ -85,6 +85,7 @@ class GCSPath(ObjectPath):
     credentials_hint: ClassVar[str] = (
         "GOOGLE_APPLICATION_CREDENTIALS (or gcloud's application default credentials)"
     )
+    endpoint_variable: ClassVar[str] = "TENSORSTORE_GCS_HTTP_URL"
 
     def __init__(self, bucket: str, key: str = "") -> None:
         if bucket and not _BUCKET.fullmatch(bucket):

@@ -81,6 +81,7 @@ class S3Path(ObjectPath):
     scheme: ClassVar[str] = "s3"
     driver: ClassVar[str] = "s3"
     credentials_hint: ClassVar[str] = "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE"
+    endpoint_variable: ClassVar[str] = "AWS_ENDPOINT_URL"
 
     def __init__(self, bucket: str, key: str = "") -> None:
         super().__init__(bucket, key)

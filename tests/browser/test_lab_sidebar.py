@@ -244,6 +244,16 @@ def test_roots_of_running_clusters_and_roots_on_disk_are_offered(
         expect(sidebar.locator("tr.nbckpt-step[data-path='1']")).to_be_visible()
 
 
+#: How many requests the page made to one nbckpt route (the browser's own count).
+COUNT = (
+    "performance.getEntriesByType('resource').filter(e => e.name.includes('/nbckpt/api/%s')).length"
+)
+
+
+def _requests(page: Any, route: str) -> int:
+    return int(page.evaluate(COUNT % route))
+
+
 def test_an_absolute_root_under_the_server_root_opens(lab: Lab, server_root: Path) -> None:
     from playwright.sync_api import expect
 
@@ -256,7 +266,19 @@ def test_an_absolute_root_under_the_server_root_opens(lab: Lab, server_root: Pat
         _open_root(sidebar, "/etc")
         error = sidebar.locator(".nbckpt-status.nbckpt-error")
         expect(error).to_contain_text("'/etc' is outside the server's root")
+        expect(error).to_contain_text("(not asked again until Refresh)")
         expect(sidebar.locator("tr.nbckpt-step")).to_have_count(0)
+        # A refused root is not polled: the review saw two 403s every 4 s. The
+        # activity poll goes on; two of its rounds pass without a request for the root.
+        refused = _requests(page, "checkpoints")
+        page.wait_for_function(
+            f"n => ({COUNT % 'activity'}) >= n",
+            arg=_requests(page, "activity") + 2,
+            timeout=30_000,
+        )
+        assert _requests(page, "checkpoints") == refused
+        sidebar.locator("button.nbckpt-refresh").click()  # the user asks: asked again
+        page.wait_for_function(f"n => ({COUNT % 'checkpoints'}) > n", arg=refused)
 
 
 def test_the_workspace_remembers_the_root_across_a_reload(lab: Lab) -> None:
