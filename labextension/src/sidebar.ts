@@ -251,7 +251,7 @@ export class CheckpointsPanel extends Widget {
       ['State', states.join(', ') || "the entry's state"],
       ['Size', 'bytes on disk'],
       ['Time', 'finalized at (or last modified)'],
-      ['N', 'number of processes of the save']
+      ['Procs', 'how many processes saved it']
     ]) {
       const th = el('th', '', label);
       th.title = title;
@@ -477,10 +477,13 @@ export class CheckpointsPanel extends Widget {
         )
       );
     }
+    // The id is what %ckpt_show and %ckpt_timeline take: said as such, not bare.
+    const id = el('div', 'nbckpt-timeline-id', `op id ${op.op}`);
+    id.title = 'the id %ckpt_show and %ckpt_timeline take';
     this._timeline.replaceChildren(
       el('h3', 'nbckpt-heading', 'Timeline'),
       title,
-      el('div', 'nbckpt-timeline-id', op.op),
+      id,
       whole,
       renderTimeline(
         op,
