@@ -1,6 +1,7 @@
 # The two commands of the README:
 #   make demo   sets up .venv (the package with its extras) and runs the demo
-#   make test   sets up .venv and runs lint, format check, type check and the test suite
+#   make test   sets up .venv and runs lint, format check, type check, the test suite
+#               and the documentation site's build (warnings are errors)
 # Everything the project needs is installed here; nothing is installed by hand.
 
 PYTHON ?= python3
@@ -15,7 +16,7 @@ LAB_SOURCES := $(wildcard labextension/src/*.ts labextension/src/widget/*.ts \
 	labextension/generated/*.d.ts) \
 	labextension/package.json labextension/yarn.lock
 
-.PHONY: setup demo test lint browser-deps host-deps bench compare clean
+.PHONY: setup demo test lint docs browser-deps host-deps bench compare clean
 
 setup: $(STAMP)
 
@@ -55,6 +56,14 @@ lint: $(STAMP)
 
 test: lint browser-deps host-deps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(MAKE) docs
+
+# The site (docs/): Sphinx, warnings as errors. The teaching notebooks are rendered
+# with the outputs of the test run that executed them (build/executed-notebooks/),
+# or executed here when that run did not execute them as they are now.
+docs: $(STAMP)
+	$(BIN)/sphinx-build -W --keep-going -q -b html docs docs/_build/html
+	@echo "the site: docs/_build/html/index.html"
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/engine_bench.py
@@ -67,4 +76,4 @@ compare: $(STAMP)
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
 	rm -rf labextension/node_modules labextension/lib labextension/tsconfig.tsbuildinfo \
-		nbckpt/labextension nbckpt/widgets/static
+		nbckpt/labextension nbckpt/widgets/static docs/_build docs/_generated build/executed-notebooks

@@ -22,6 +22,7 @@ GROUPED = {
     "DisagreementError": (CallError, ValueError),
     "StorageURLError": (CallError, ValueError),
     "RenameUnavailableError": (CallError, ValueError),
+    "NoRootError": (CallError, ValueError),
     "BarrierTimeoutError": (PeerError, TimeoutError),
     "PeerFailedError": (PeerError,),
     "PeerDeadError": (PeerError,),

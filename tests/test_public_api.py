@@ -39,6 +39,7 @@ def test_top_level_public_names_are_pinned():
         "DisagreementError",
         "ForeignEntryError",
         "NbckptError",
+        "NoRootError",
         "PeerDeadError",
         "PeerFailedError",
         "PeerTransferError",

@@ -126,7 +126,7 @@ def test_a_node_lost_mid_save_is_named_with_its_slurm_job(ip, slurm, tmp_path, c
 
 
 def test_engines_srun_inside_an_allocation_then_attach(ip, slurm, tmp_path, capsys):
-    """docs/multihost.md's recipe: ipcontroller, salloc + srun ipengine, then attach."""
+    """docs/guides/multihost.md's recipe: ipcontroller, salloc + srun ipengine, then attach."""
     hosts, cluster = slurm
     root = tmp_path / "ckpt"
     profile = f"nbckpt-slurm-{uuid.uuid4().hex[:8]}"

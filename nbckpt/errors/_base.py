@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import ClassVar
 
 __all__ = [
     "CallError",
@@ -56,7 +57,14 @@ def outcome(step: int | None, committed: bool, previous_kept: bool, unknown: boo
 
 
 class NbckptError(Exception):
-    """Base class of every error nbckpt raises on purpose."""
+    """Base class of every error nbckpt raises on purpose.
+
+    Each group below says, in ``what_to_do``, what the user does about its errors (the
+    troubleshooting page of the documentation is generated from it).
+    """
+
+    #: What the user does about an error of this group, in one sentence.
+    what_to_do: ClassVar[str] = ""
 
 
 # -- the groups: what the user does about an error ------------------------------------
@@ -71,6 +79,8 @@ class CallError(NbckptError):
     (``FileExistsError``, ``ValueError``).
     """
 
+    what_to_do = "change the call as the message says and make it again; nothing was written"
+
 
 class PeerError(NbckptError):
     """Another process of the job failed, died or timed out, so this one gave up.
@@ -81,6 +91,11 @@ class PeerError(NbckptError):
         Per process, what happened to it (its own error text, ``"died"``, ``"did not
         arrive at ..."``), as data: callers never parse the message.
     """
+
+    what_to_do = (
+        "look at the process the message names first (its own error, or why it died: "
+        "%ckpt_status, its host); the others only gave up because of it"
+    )
 
     def __init__(self, *args: object, failures: Mapping[int, str] | None = None) -> None:
         super().__init__(*args)
@@ -94,6 +109,11 @@ class StorageAccessError(NbckptError):
     not in question. Its subclasses are ``OSError`` s too.
     """
 
+    what_to_do = (
+        "check the store the message names: permissions, credentials, free space, whether "
+        "it answers; committed steps are untouched"
+    )
+
 
 class CheckpointDataError(NbckptError):
     """What the root holds is not what the call needs: corrupt, missing or foreign data.
@@ -101,6 +121,8 @@ class CheckpointDataError(NbckptError):
     Or a step another save still owns. Look at the root (``%ckpt_fsck``, ``nbckpt
     fsck``), or pick another step.
     """
+
+    what_to_do = "look at the root (%ckpt_fsck, or nbckpt fsck ROOT), or pick another step"
 
 
 class JobError(NbckptError):
@@ -115,6 +137,11 @@ class JobError(NbckptError):
         ``CheckpointException.failures`` is the model); empty when the error is not
         one per process.
     """
+
+    what_to_do = (
+        "read what the message says is on disk, then %ckpt_cluster restart (a JAX "
+        "process cannot rejoin) and %ckpt_restore, or inspect the processes it names"
+    )
 
     def __init__(self, *args: object, failures: Mapping[int, str] | None = None) -> None:
         super().__init__(*args)
