@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar, overload
 
 from nbckpt.errors import ClusterError, ClusterGoneError
-from nbckpt.netaddr import is_loopback
 from nbckpt.session.arrivals import Arrivals
 from nbckpt.session.bootstrap import (
     ENGINE_MAIN,
@@ -50,7 +49,7 @@ from nbckpt.session.join import (
 )
 from nbckpt.session.launch import SSH_OPTIONS, Launcher, SSHLauncher, launcher_for, stop_processes
 from nbckpt.session.options import LAUNCHERS, ClusterOptions
-from nbckpt.session.profiles import connection_files, find_controller, which_cluster
+from nbckpt.session.profiles import connection_files, which_cluster
 from nbckpt.session.reads import LOCAL, Reader, Relay
 from nbckpt.session.registry import Registration, clusters_dir
 from nbckpt.session.rpc import (
@@ -237,7 +236,7 @@ class JaxCluster(Engines):
             self.client = launcher.start(self.cluster, timeout_s, ENGINE_MAIN)
             Arrivals(self.cluster, self.client, self.options).wait(timeout_s, report)
             self.timings["engines_s"] = time.perf_counter() - t0
-            self._join(self._place(timeout_s), timeout_s)
+            self.join_engines(timeout_s)
         except BaseException:
             self.stop()
             raise
@@ -256,49 +255,33 @@ class JaxCluster(Engines):
     ) -> JaxCluster:
         """Connect to a running ipyparallel cluster; join its engines if not done yet.
 
-        Engines that already run JAX must have been joined by nbckpt (or by your own
-        ``jax.distributed.initialize`` with ranks in engine-id order).
-
-        Parameters
-        ----------
-        cluster_id
-            The cluster's id, as ``%ckpt_cluster start`` prints it (``""`` for one
-            started without an id, as plain ``ipcontroller`` does). Required: on a
-            shared machine the profile may hold other people's clusters, so none is
-            picked by default; the error lists the ids found.
-        coordinator_host
-            As for :class:`ClusterOptions`; None: 127.0.0.1 when the controller listens
-            on loopback, else process 0's address on the route to the controller.
-
-        Raises
-        ------
-        ClusterError
-            Without ``cluster_id``, or if no cluster of that id runs in the profile.
+        See :func:`nbckpt.session.attach.attach`, which this calls.
         """
-        import ipyparallel as ipp
+        from nbckpt.session.attach import attach
 
-        controller = find_controller(profile, cluster_id)
-        client = ipp.Client(profile=profile, cluster_id=cluster_id or None, timeout=timeout_s)
-        self = cls(
-            n=len(client.ids),
+        return attach(
+            cls,
+            cluster_id=cluster_id,
+            profile=profile,
             devices_per_process=devices_per_process,
             coordinator_host=coordinator_host,
-            profile=profile,
-            client=client,
-            cluster_id=cluster_id,
-            controller_ip=controller,
-            engines="local" if controller is None or is_loopback(controller) else "ssh",
+            timeout_s=timeout_s,
         )
-        if self.n == 0:
-            raise ClusterError("the ipyparallel cluster has no engines; start some first")
+
+    def join_engines(self, timeout_s: float, *, probe: bool = False) -> None:
+        """Put the engines in process order, join them into one JAX job, start services.
+
+        With ``probe`` (attaching to engines that may run a job already), engines that
+        were joined before are left in their job: only their services are new.
+        """
         placement = self._place(timeout_s)
-        states = self.apply(SAFE_INFO, what="probe", timeout_s=timeout_s)
-        if not any(s is not None and s.get("initialized") for s in states):
-            self._join(placement, timeout_s)
-        else:  # joined before: only the read services are new
-            asked = ask_relays(self.client, placement, self.controller_ip or "127.0.0.1")
-            self.relay = use_relays(asked, self.engine_hosts, timeout_s)
-        return self
+        if probe:
+            states = self.apply(SAFE_INFO, what="probe", timeout_s=timeout_s)
+            if any(s is not None and s.get("initialized") for s in states):
+                asked = ask_relays(self.client, placement, self.controller_ip or "127.0.0.1")
+                self.relay = use_relays(asked, self.engine_hosts, timeout_s)
+                return
+        self._join(placement, timeout_s)
 
     def _place(self, timeout_s: float) -> Placement:
         """Put the engines in process order and pick the coordinator's address."""
