@@ -50,12 +50,27 @@ def wait_for_server(
 
 
 @contextlib.contextmanager
-def running_lab(server_root: Path, home: Path) -> Iterator[tuple[str, str]]:
-    """Run JupyterLab on 127.0.0.1 serving ``server_root``; yield ``(base URL, token)``.
+def running_lab(server_root: Path, home: Path, app: str = "lab") -> Iterator[tuple[str, str]]:
+    """Run JupyterLab (or Notebook 7) on 127.0.0.1 serving ``server_root``; yield ``(URL, token)``.
 
     ``home`` holds its config, settings, workspaces, runtime files and log, so the
     user's own Jupyter setup stays out of the test.
+
+    Parameters
+    ----------
+    server_root
+        The folder the server serves.
+    home
+        Where its config, settings, workspaces, runtime files and log go.
+    app
+        ``"lab"`` for JupyterLab, ``"notebook"`` for Notebook 7 (the ``notebook``
+        package). Notebook 7 reads the same ``JUPYTERLAB_SETTINGS_DIR`` (its
+        ``user_settings_dir`` comes from ``jupyterlab``'s ``get_user_settings_dir``), so
+        a theme preset there (``screens.set_lab_theme``) before the server starts is
+        the theme its pages open with.
     """
+    if app not in ("lab", "notebook"):
+        raise ValueError(f"app must be 'lab' or 'notebook', got {app!r}")
     port, token = free_port(), secrets.token_hex(16)
     env = dict(os.environ)
     env.update(
@@ -67,7 +82,7 @@ def running_lab(server_root: Path, home: Path) -> Iterator[tuple[str, str]]:
     cmd = [
         sys.executable,
         "-m",
-        "jupyterlab",
+        "jupyterlab" if app == "lab" else "notebook",
         "--no-browser",
         "--ServerApp.ip=127.0.0.1",
         f"--ServerApp.port={port}",
@@ -75,10 +90,16 @@ def running_lab(server_root: Path, home: Path) -> Iterator[tuple[str, str]]:
         f"--IdentityProvider.token={token}",
         f"--ServerApp.root_dir={server_root}",
         "--allow-root",  # CI containers run as root
-        "--LabApp.news_url=",
-        "--LabApp.extension_manager=readonly",
-        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
     ]
+    if app == "lab":
+        # JupyterNotebookApp has none of these options (``python -m notebook
+        # --help-all``): it registers no news, update-check or extension-manager
+        # handlers, so there is nothing to turn off.
+        cmd += [
+            "--LabApp.news_url=",
+            "--LabApp.extension_manager=readonly",
+            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        ]
     # No "official Jupyter news?" toast over the page.
     labconfig = home / "config" / "labconfig"
     labconfig.mkdir(parents=True)
