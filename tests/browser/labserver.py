@@ -124,22 +124,44 @@ def running_lab(server_root: Path, home: Path, app: str = "lab") -> Iterator[tup
 
 
 @contextlib.contextmanager
-def lab_page(url: str) -> Iterator[Any]:
-    """A headless Chromium page on JupyterLab at ``url``, once JupyterLab has loaded."""
+def lab_page(
+    url: str,
+    *,
+    ready: str = "#jp-main-dock-panel",
+    viewport: dict[str, int] | None = None,
+) -> Iterator[Any]:
+    """A headless Chromium page at ``url``, once the app has loaded.
+
+    ``ready`` is what shows it has: JupyterLab's dock panel by default; Notebook 7's
+    page has none (``#main-panel .jp-Notebook`` there).
+    """
     from playwright.sync_api import sync_playwright
 
     ARTIFACTS.mkdir(exist_ok=True)
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page = browser.new_page(viewport=viewport or {"width": 1400, "height": 900})
             page.set_default_timeout(30_000)
             page.goto(url)
-            page.wait_for_selector("#jp-main-dock-panel", state="visible", timeout=60_000)
+            page.wait_for_selector(ready, state="visible", timeout=60_000)
             page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=60_000)
             yield page
         finally:
             browser.close()
+
+
+def write_notebook(path: Path, cells: list[str]) -> None:
+    """Write a notebook of code ``cells`` for the python3 kernel."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
+    nbformat.write(nb, path)
 
 
 def run_command(page: Any, label: str, attempts: int = 5) -> None:

@@ -26,10 +26,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import nbformat
 import pytest
 
-from tests.browser.labserver import ARTIFACTS, lab_page, run_command, running_lab
+from tests.browser.labserver import (
+    ARTIFACTS,
+    lab_page,
+    run_command,
+    running_lab,
+    write_notebook,
+)
 from tests.browser.screens import DARK_THEME, compare, contrast, set_lab_theme
 from tests.journal_scripts import SAVE, failing_save, many_save, write_script
 
@@ -75,21 +80,11 @@ WIDE = {"width": 1500, "height": 1000}
 TALL = 2400
 
 
-def _notebook(path: Path, cells: list[str]) -> None:
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
-    nb.metadata["kernelspec"] = {
-        "name": "python3",
-        "display_name": "Python 3",
-        "language": "python",
-    }
-    nbformat.write(nb, path)
-
-
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     """JupyterLab serving a folder with ``live.ipynb``; yields its URL and the folder."""
     root = tmp_path_factory.mktemp("widget-lab")
-    _notebook(root / "live.ipynb", CELLS)
+    write_notebook(root / "live.ipynb", CELLS)
     with running_lab(root, tmp_path_factory.mktemp("jupyter-home")) as (base, token):
         yield f"{base}/lab/tree/live.ipynb?token={token}", root
 
@@ -103,7 +98,7 @@ def scripted_lab(
     root = tmp_path_factory.mktemp(f"scripted-{theme}")
     for op, script in SCRIPTED.items():
         write_script(root / "journals", op, script)
-    _notebook(root / "scripted.ipynb", SCRIPTED_CELLS)
+    write_notebook(root / "scripted.ipynb", SCRIPTED_CELLS)
     home = tmp_path_factory.mktemp(f"jupyter-home-{theme}")
     if theme == "dark":
         set_lab_theme(home / "settings", DARK_THEME)

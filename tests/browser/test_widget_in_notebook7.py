@@ -21,19 +21,17 @@ the table) are kept in ``artifacts/``.
 
 from __future__ import annotations
 
-import contextlib
 import re
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import nbformat
 import pytest
 
 from nbckpt.journal import read_operation
 from nbckpt.protocol import new_op_id
-from tests.browser.labserver import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, running_lab
+from tests.browser.labserver import ARTIFACTS, lab_page, running_lab, write_notebook
 from tests.browser.screens import DARK_THEME, contrast, set_lab_theme
 from tests.journal_scripts import SAVE, T0, failing_save, write_script
 
@@ -69,16 +67,6 @@ MIN_CONTRAST = {
 VIEWPORT = {"width": 1400, "height": 2000}
 
 
-def _notebook(path: Path, cells: list[str]) -> None:
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
-    nb.metadata["kernelspec"] = {
-        "name": "python3",
-        "display_name": "Python 3",
-        "language": "python",
-    }
-    nbformat.write(nb, path)
-
-
 @pytest.fixture(scope="module", params=list(THEMES))
 def notebook7(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
@@ -88,7 +76,7 @@ def notebook7(
     root = tmp_path_factory.mktemp(f"notebook7-{theme}")
     for op, (script, step) in SCRIPTED.items():
         write_script(root / JOURNALS, op, script, step=step)
-    _notebook(root / "scripted.ipynb", CELLS)
+    write_notebook(root / "scripted.ipynb", CELLS)
     home = tmp_path_factory.mktemp(f"notebook7-home-{theme}")
     if theme == "dark":
         # Notebook 7 reads user settings from JUPYTERLAB_SETTINGS_DIR as JupyterLab
@@ -97,39 +85,6 @@ def notebook7(
         set_lab_theme(home / "settings", DARK_THEME)
     with running_lab(root, home, app="notebook") as (base, token):
         yield f"{base}/notebooks/scripted.ipynb?token={token}", root, theme
-
-
-@contextlib.contextmanager
-def notebook7_page(url: str) -> Iterator[Any]:
-    """A headless Chromium page on the Notebook 7 notebook at ``url``, once it is drawn.
-
-    ``labserver.lab_page`` waits for JupyterLab's dock panel, which Notebook 7's
-    one-document shell does not have: its notebook sits in ``#main-panel``.
-
-    Parameters
-    ----------
-    url
-        The notebook's ``/notebooks/<name>.ipynb?token=...`` address.
-
-    Yields
-    ------
-    playwright.sync_api.Page
-        The page, with the notebook's cells on it.
-    """
-    from playwright.sync_api import sync_playwright
-
-    ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport=VIEWPORT)
-            page.set_default_timeout(30_000)
-            page.goto(url)
-            page.wait_for_selector("#main-panel .jp-Notebook", state="visible", timeout=60_000)
-            page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=60_000)
-            yield page
-        finally:
-            browser.close()
 
 
 def run_all_cells(page: Any, attempts: int = 5) -> None:
@@ -182,7 +137,7 @@ def test_widget_and_runs_table_in_notebook7(notebook7: tuple[str, Path, str]) ->
     from playwright.sync_api import expect
 
     url, root, theme = notebook7
-    with notebook7_page(url) as page:
+    with lab_page(url, ready="#main-panel .jp-Notebook", viewport=VIEWPORT) as page:
         body = page.locator("body")
         expect(body).to_have_attribute("data-notebook", "notebooks")  # Notebook 7, not Lab
         expect(body).to_have_attribute("data-jp-theme-name", THEMES[theme])
