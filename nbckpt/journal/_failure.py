@@ -16,16 +16,9 @@ from typing import Any
 
 from nbckpt.journal._reader import OperationRecord, ProcessRecord
 from nbckpt.protocol import Cause, Event, Status
-from nbckpt.views.naming import NAMED, listing
+from nbckpt.views.naming import who
 
-__all__ = ["Failure", "failure_of", "gave_up_note", "who"]
-
-
-def who(processes: list[int]) -> str:
-    """``process 2``, ``processes 0, 1, 3``; past eight, ``... and 1,017 more``."""
-    procs = sorted(processes)
-    word = "process" if len(procs) == 1 else "processes"
-    return f"{word} {listing(procs[:NAMED], len(procs))}"
+__all__ = ["Failure", "failure_of", "gave_up_note"]
 
 
 @dataclass(frozen=True)
@@ -129,4 +122,4 @@ def gave_up_note(rec: OperationRecord, process: int) -> str | None:
     if not named:
         return None
     verbs = {Cause.PEER_DEAD: "died", Cause.TIMEOUT: "did not arrive"}
-    return f"gave up: {who(named)} {verbs.get(cause, 'failed')}"
+    return f"gave up: {who(sorted(named))} {verbs.get(cause, 'failed')}"

@@ -38,7 +38,7 @@ from nbckpt.protocol import (
 from nbckpt.protocol.views import PreemptionNotice
 from nbckpt.session import reads
 from nbckpt.storage import Location
-from nbckpt.views.naming import NAMED, listing
+from nbckpt.views.naming import NAMED, who
 from nbckpt.views.phases import phase_after
 from nbckpt.views.timeline import LOCAL_READ, BarrierEntries, everyone_of, local_read_note
 
@@ -193,12 +193,6 @@ def _ms(t: float, t0: float | None) -> str:
     return f"+{(t - (t0 if t0 is not None else t)) * 1e3:.0f} ms"
 
 
-def _who(processes: list[int]) -> str:
-    """``process 1``, ``processes 0, 1``, ``processes 0, 1, ... and 1,013 more``."""
-    named = "process " if len(processes) == 1 else "processes "
-    return named + listing(processes[:NAMED], len(processes))
-
-
 def _process_view(
     rec: ProcessRecord,
     kind: str,
@@ -253,7 +247,7 @@ def _dead_note(p: ProcessView, t0: float | None, unreachable: bool) -> str:
     verb = "became unreachable" if unreachable else "died"
     since = "no event at all" if p.last_event is None else f"no event since {_ms(p.last_event, t0)}"
     said = "reports" if len(p.dead_reported_by) == 1 else "report"
-    return f"{since}; {_who(p.dead_reported_by)} {said} it {verb}"
+    return f"{since}; {who(p.dead_reported_by)} {said} it {verb}"
 
 
 def _replica_note(writers: list[int], status: str) -> str:
@@ -261,7 +255,7 @@ def _replica_note(writers: list[int], status: str) -> str:
         return "holds replicas only: nothing of its own to write"
     verbs: dict[str, str] = {Status.COMMITTED: "wrote", Status.RUNNING: "writes"}
     verb = verbs.get(status, "was to write")
-    return f"holds replicas only; {_who(writers)} {verb} its data"
+    return f"holds replicas only; {who(writers)} {verb} its data"
 
 
 def view_state(record: OperationRecord) -> OperationView:

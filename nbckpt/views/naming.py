@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["NAMED", "listing"]
+__all__ = ["NAMED", "listing", "who"]
 
 #: How many processes one list of a view names; the others are counted.
 NAMED = 8
@@ -28,3 +28,9 @@ def listing(
     text = ", ".join(f"{p} ({marks[p]})" if p in marks else str(p) for p in shown)
     more = (len(shown) if total is None else total) - len(shown)
     return f"{text} and {more:,} more" if more > 0 else text
+
+
+def who(processes: Sequence[int]) -> str:
+    """``process 1``, ``processes 0, 1``, ``processes 0, 1, ... and 1,013 more``."""
+    named = "process " if len(processes) == 1 else "processes "
+    return named + listing(list(processes)[:NAMED], len(processes))
