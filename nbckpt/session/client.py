@@ -17,7 +17,7 @@ from typing import Any
 from nbckpt import storage
 from nbckpt.errors import SaveFailedError
 from nbckpt.formats.layout import Mode
-from nbckpt.formats.retention import RetentionPolicy, check_metrics
+from nbckpt.formats.retention import check_metrics
 from nbckpt.journal import OperationRecord
 from nbckpt.protocol import (
     DEFAULT_BARRIER_TIMEOUT_S,
@@ -30,8 +30,8 @@ from nbckpt.session import reads
 from nbckpt.session.cluster import JaxCluster
 from nbckpt.session.faults import arm_fault
 from nbckpt.session.handles import BarrierReport, SaveHandle
+from nbckpt.session.policies import RootPolicies
 from nbckpt.session.rpc import AGENT, ENGINE_DIED, engine_errors, errors_by_process, remote
-from nbckpt.session.tiers import TiersView, apply_tiers, tier_fields
 
 __all__ = [
     "BarrierReport",
@@ -182,7 +182,7 @@ def _engine_reports(cluster: JaxCluster, health: dict[int, str]) -> list[Any]:
     return engines
 
 
-class CheckpointClient:
+class CheckpointClient(RootPolicies):
     """Drive checkpoints on every engine of a cluster from the notebook.
 
     Parameters
@@ -351,78 +351,6 @@ class CheckpointClient:
             what=f"restore of {var!r}",
             timeout_s=None,
         )
-
-    def retention(
-        self,
-        policy: RetentionPolicy | None = None,
-        *,
-        directory: str | os.PathLike[str] | None = None,
-    ) -> dict[str, Any]:
-        """Set the retention policy of a root on every engine (None: only read it).
-
-        The primary applies it after each commit from then on, removing only steps
-        nbckpt created. Returns ``{"policy": ..., "text": ..., "root": ...}`` as
-        process 0 holds it.
-        """
-        self.cluster.check_alive()
-        root = self.root(directory)
-        fields = None if policy is None else policy.as_dict()
-        results = self.cluster.apply(
-            f"{AGENT}:set_retention", root, fields, what="retention policy", timeout_s=60
-        )
-        return dict(results[0])
-
-    def tiers(
-        self,
-        directory: str | os.PathLike[str] | None = None,
-        *,
-        local: str | os.PathLike[str] | None = None,
-        replicas: int | None = None,
-        persistent_every: int | None = None,
-        keep: int | None = None,
-        off: bool = False,
-    ) -> TiersView:
-        """Set a root's local tier on every engine (or turn it ``off``); return its view.
-
-        ``local`` is each host's directory, absolute (``{process}`` in it becomes each
-        process's index); ``replicas``, ``persistent_every`` and ``keep`` (default 1, 1,
-        2) are ``AsyncCheckpointer.set_tiers``'s ``local_*`` options. With neither
-        ``local`` nor ``off``, only reports which host holds which step.
-
-        Raises
-        ------
-        ValueError
-            If the options are wrong or go without ``local`` (nothing is sent).
-        """
-        fields = tier_fields(local, replicas, persistent_every, keep, off)
-        return apply_tiers(self.cluster, self.reader, self.root(directory), fields)
-
-    def should_save(self, step: int, *, directory: str | os.PathLike[str] | None = None) -> bool:
-        """Tell whether ``step`` is due for a save under the root's retention policy.
-
-        False if the root already holds a complete step at or after ``step``; otherwise
-        True when the policy's ``save_interval_steps`` is unset or divides ``step``.
-        """
-        self.cluster.check_alive()
-        root = self.root(directory)
-        answers = self.cluster.apply(
-            f"{AGENT}:should_save", root, step, what="should_save", timeout_s=60
-        )
-        return bool(answers[0])
-
-    def rollback(self, step: int, *, directory: str | os.PathLike[str] | None = None) -> list[int]:
-        """Delete the root's complete steps newer than ``step``, so training goes on from it.
-
-        A save of a step older than the newest one is refused (retention would delete
-        it, and a restore would pick the newer step); this is the way back. Only steps
-        nbckpt created are removed, each crash-safely. Returns the removed steps.
-        """
-        self.cluster.check_alive()
-        root = self.root(directory)
-        removed = self.cluster.apply(
-            f"{AGENT}:rollback", root, step, what="rollback", timeout_s=120
-        )
-        return [int(s) for s in removed[0]]
 
     def barrier(
         self,
