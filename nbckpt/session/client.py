@@ -174,11 +174,11 @@ def _engine_reports(cluster: JaxCluster, health: dict[int, str]) -> list[Any]:
         else:
             view = cluster.client.direct_view(targets=[cluster.engine_ids[p] for p in alive])
             engines = list(view.apply_async(remote(f"{AGENT}:status")).get(timeout=30))
-        queued = cluster.client.queue_status(targets=[cluster.engine_ids[p] for p in alive])
+        busy = set(cluster.busy(alive))
     except Exception:  # an engine died meanwhile: the health line says which
         return engines
     for p, report in zip(alive, engines, strict=False):
-        report["busy"] = queued.get(cluster.engine_ids[p], {}).get("queue", 0) > 0
+        report["busy"] = p in busy
     return engines
 
 

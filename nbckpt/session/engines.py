@@ -173,12 +173,16 @@ class Engines:
         """Each engine's report (process, devices, host, checkpointers), in rank order."""
         return self.apply(f"{AGENT}:status", what="status", timeout_s=30)
 
-    def busy(self) -> list[int]:
-        """The processes whose engine runs a cell or has one queued (the controller says)."""
+    def busy(self, processes: list[int] | None = None) -> list[int]:
+        """Which of ``processes`` (None: all) run a cell or have one queued.
+
+        The controller's queue for each engine says so.
+        """
         if self.client is None or not self.engine_ids:
             return []
-        queued = self.client.queue_status(targets=list(self.engine_ids))
-        return [p for p, e in enumerate(self.engine_ids) if queued.get(e, {}).get("queue", 0)]
+        asked = list(range(len(self.engine_ids))) if processes is None else processes
+        queued = self.client.queue_status(targets=[self.engine_ids[p] for p in asked])
+        return [p for p in asked if queued.get(self.engine_ids[p], {}).get("queue", 0)]
 
     def interrupt_busy(self, wait_s: float) -> list[int]:
         """Interrupt the cells engines are running, as Kernel > Interrupt does; best effort.
