@@ -122,12 +122,14 @@ def figures() -> None:
     run = OUT / "run"
     shutil.rmtree(run, ignore_errors=True)
     demo = ["--processes", "4", "--mib", "16", "--steps", "4", "--save-every", "2"]
-    subprocess.run(
+    done = subprocess.run(
         [sys.executable, "-m", "nbckpt.demo", *demo, "--root", str(run)],
-        check=True,
         capture_output=True,
+        text=True,
         timeout=600,
     )
+    if done.returncode != 0:  # the build stops with the demo's own words, not a bare code
+        raise RuntimeError(f"the demo run for the figures failed:\n{done.stderr[-2000:]}")
     import matplotlib
 
     matplotlib.use("Agg")
