@@ -45,11 +45,14 @@ def _reset_peak() -> bool:
 
 
 class _Peak:
-    """Peak resident memory above the RSS at the start, in bytes."""
+    """Peak resident memory above ``base`` (by default the RSS at the start), in bytes.
 
-    def __init__(self) -> None:
+    The high-water mark is reset to the RSS at the start either way.
+    """
+
+    def __init__(self, base: int | None = None) -> None:
         self.reset_ok = _reset_peak()
-        self.base = _status_kib("VmRSS") * 1024
+        self.base = _status_kib("VmRSS") * 1024 if base is None else base
 
     def above_base(self) -> int:
         return max(0, _status_kib("VmHWM") * 1024 - self.base)
@@ -191,6 +194,7 @@ def build(nbytes: int, leaves: int = LEAVES, layout: str = "fsdp") -> dict[str, 
     """
     import jax
 
+    close_all()
     _state.clear()
     if layout in ("fsdp", "replicated"):
         tree = _tree_fsdp(nbytes, leaves, replicated=layout == "replicated")
@@ -285,17 +289,26 @@ def nb_save(
     journal: bool = True,
     format: str | None = None,
     pack_bytes: int | None = None,
+    steady: bool = False,
 ) -> dict[str, float]:
     """Save the state with nbckpt; time to return, time to durable commit, peak memory.
 
     ``format`` and ``pack_bytes`` are the save options (None: nbckpt's own layout,
     small leaves packed; ``"orbax"``: Orbax's; ``pack_bytes=0``: no leaf packed).
+    ``steady``: save with the checkpointer kept for ``root`` since an earlier call
+    (as a training loop does; its host buffers are reused); otherwise a new one.
+    The peak memory counts the buffers the checkpointer kept from its last save.
     """
     from nbckpt.engine import AsyncCheckpointer
 
     _journal(journal)
-    ckptr = AsyncCheckpointer(root)
-    peak = _Peak()
+    kept: dict[str, Any] = _state.setdefault("ckptrs", {})
+    if steady:
+        ckptr = kept.get(root) or kept.setdefault(root, AsyncCheckpointer(root))
+    else:
+        ckptr = AsyncCheckpointer(root)
+    # What the checkpointer holds from its last save counts as this save's memory.
+    peak = _Peak(_status_kib("VmRSS") * 1024 - ckptr._buffers.nbytes)
     t0 = time.perf_counter()
     ckptr.save(step, _state["tree"], format=format, pack_bytes=pack_bytes)
     blocked = time.perf_counter() - t0
@@ -356,19 +369,35 @@ def orbax_version() -> str | None:
         return None
 
 
-def orbax_save(path: str) -> dict[str, float]:
-    """Save the state with Orbax's durable defaults (zstd, OCDBT, fsync)."""
+def orbax_save(path: str, steady: bool = False) -> dict[str, float]:
+    """Save the state with Orbax's durable defaults (zstd, OCDBT, fsync).
+
+    ``steady``: with one checkpointer kept across calls, as :func:`nb_save`.
+    """
     import orbax.checkpoint as ocp
 
-    ckptr = ocp.AsyncCheckpointer(ocp.StandardCheckpointHandler())
+    kept: dict[str, Any] = _state.setdefault("ckptrs", {})
+    if steady:
+        ckptr = kept.get("orbax") or kept.setdefault(
+            "orbax", ocp.AsyncCheckpointer(ocp.StandardCheckpointHandler())
+        )
+    else:
+        ckptr = ocp.AsyncCheckpointer(ocp.StandardCheckpointHandler())
     peak = _Peak()
     t0 = time.perf_counter()
     ckptr.save(path, args=ocp.args.StandardSave(_state["tree"]))
     blocked = time.perf_counter() - t0
     ckptr.wait_until_finished()
     commit = time.perf_counter() - t0
-    ckptr.close()
+    if not steady:
+        ckptr.close()
     return {"blocked": blocked, "commit": commit, "peak": peak.above_base()}
+
+
+def close_all() -> None:
+    """Close the checkpointers kept by ``steady`` saves (their memory goes with them)."""
+    for ckptr in _state.pop("ckptrs", {}).values():
+        ckptr.close()
 
 
 def orbax_restore(path: str) -> float:

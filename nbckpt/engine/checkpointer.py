@@ -56,7 +56,7 @@ class AsyncCheckpointer(CheckpointSaver):
         a local path. None: the cluster's ``--dir`` (``%ckpt_cluster start --dir D``
         sets ``NBCKPT_DIR`` on every engine); without one, a
         :class:`~nbckpt.errors.NoRootError`.
-    mode, primary, timeout_s, format, pack_bytes
+    mode, primary, timeout_s, format, pack_bytes, keep_host_buffers
         See :class:`CheckpointerOptions`; ``mode``, ``timeout_s`` and ``format`` are
         defaults that each call may override. ``pack_bytes=0`` stores every leaf as
         its own zarr array, so that Orbax can restore the steps.
@@ -107,6 +107,7 @@ class AsyncCheckpointer(CheckpointSaver):
         persistent_every: int = 1,
         local_keep: int = 2,
         pack_bytes: int = DEFAULT_PACK_BYTES,
+        keep_host_buffers: bool = True,
     ) -> None:
         where = storage.location(root_or_default(root))  # refuses a URL it cannot store at
         mode = storage.commit_mode(where, mode)  # refuses rename mode on an object store
@@ -129,6 +130,7 @@ class AsyncCheckpointer(CheckpointSaver):
             format=format,
             tiers=tiers,
             pack_bytes=check_pack_bytes(pack_bytes),
+            keep_host_buffers=bool(keep_host_buffers),
         )
         super().__init__(where, options, Context.connect(where, primary, client))
         self._grace_s = check_timeout(preemption_grace_s, "preemption_grace_s")
@@ -238,6 +240,7 @@ class AsyncCheckpointer(CheckpointSaver):
             self.wait_until_finished()
         finally:
             self._closed = True
+            self._buffers.clear()
             if self._tier is not None:
                 self._tier.close()
 

@@ -67,6 +67,11 @@ class CheckpointerOptions:
         per process (:mod:`nbckpt.formats.packs`): a state of many small leaves is
         written and read with a few requests, not several per leaf. Orbax cannot read
         packed leaves: 0 packs none, and then Orbax restores every step.
+    keep_host_buffers
+        Keep the host memory that a save copied its shards into for the next save
+        (:mod:`nbckpt.engine.save.hostmem`): between saves a process then holds the
+        bytes it writes, and each save's copy reuses them instead of faulting in new
+        memory. False frees them once each save ends.
     """
 
     mode: Mode = RENAME
@@ -76,6 +81,7 @@ class CheckpointerOptions:
     format: str | None = None
     tiers: TierOptions = dataclasses.field(default_factory=TierOptions)
     pack_bytes: int = DEFAULT_PACK_BYTES
+    keep_host_buffers: bool = True
 
 
 def check_pack_bytes(value: object) -> int:

@@ -15,6 +15,7 @@ from typing import Any
 from nbckpt.engine.context import Context
 from nbckpt.engine.options import CheckpointerOptions
 from nbckpt.engine.reader import CheckpointReader
+from nbckpt.engine.save.hostmem import HostBuffers
 from nbckpt.engine.save.inflight import InFlight
 from nbckpt.engine.save.start import start_save
 from nbckpt.gcpause import paused_gc
@@ -38,6 +39,7 @@ class CheckpointSaver(CheckpointReader):
     def __init__(self, root: Location, options: CheckpointerOptions, ctx: Context) -> None:
         super().__init__(root, options, ctx)
         self._inflight = InFlight(ctx.sync, ctx.health)
+        self._buffers = HostBuffers(keep=options.keep_host_buffers)
 
     def save(
         self,
@@ -170,6 +172,7 @@ class CheckpointSaver(CheckpointReader):
                 tier=self._tier,
                 persistent=persistent,
                 pack_bytes=pack_bytes,
+                buffers=self._buffers,
             )
         self.last_op = job.op
         self._inflight.start(job)

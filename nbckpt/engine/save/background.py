@@ -22,6 +22,7 @@ from nbckpt.engine import hooks
 from nbckpt.engine.arrays.array_format import ArrayFormat, Zarr2Arrays
 from nbckpt.engine.save.advice import reason
 from nbckpt.engine.save.commit import CommitStrategy
+from nbckpt.engine.save.hostmem import Loan
 from nbckpt.engine.save.prune import apply_retention
 from nbckpt.engine.save.snapshot import Snapshot
 from nbckpt.engine.sync.barriers import Synchronizer
@@ -163,9 +164,21 @@ class SaveJob:
     tier: LocalTier | None = None
     #: Whether the step also goes to the root (always, without a local tier).
     persistent: bool = True
+    #: The host buffers the snapshot borrowed, settled when the job ends.
+    loan: Loan | None = None
 
     def run(self) -> CheckpointError | None:
         """Write, meet the others, commit; return the error to raise later, if any."""
+        error = self._run()
+        # The checkpointer keeps its last job: without its copies, which the buffers'
+        # owner keeps for the next save (or frees), not the job.
+        if self.loan is not None:
+            self.loan.end(error is None)
+        for w in self.snap.writes:
+            w.data = None
+        return error
+
+    def _run(self) -> CheckpointError | None:
         me = self.sync.process_index
         is_primary = me == self.primary
         work = self.strategy.work_dir(self.root, self.step)

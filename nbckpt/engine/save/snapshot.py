@@ -21,6 +21,7 @@ import numpy as np
 
 from nbckpt.engine.arrays.tree import EMPTY, Leaf, path_str
 from nbckpt.engine.arrays.zarr import DEFAULT_CHUNK_BYTES, chunk_regions, chunk_shape
+from nbckpt.engine.save.hostmem import HostBuffers, Loan
 from nbckpt.formats.orbax_write import scalar_array_dtype
 from nbckpt.formats.packs import DEFAULT_PACK_BYTES
 
@@ -119,6 +120,7 @@ def take_snapshot(
     process_count: int,
     primary: int,
     pack_bytes: int = DEFAULT_PACK_BYTES,
+    loan: Loan | None = None,
 ) -> Snapshot:
     """Build this process's snapshot of ``leaves``.
 
@@ -133,7 +135,9 @@ def take_snapshot(
 
     Every shard of a jax array this process writes is copied to host memory before it
     returns (see the module's description): the arrays may be donated or deleted as
-    soon as it has.
+    soon as it has. The copies made here (on CPU devices, and of NumPy arrays) go into
+    buffers borrowed from ``loan`` (:mod:`nbckpt.engine.save.hostmem`; fresh ones if
+    None).
 
     Raises
     ------
@@ -141,23 +145,26 @@ def take_snapshot(
         If a jax array was already deleted (for example donated to a jitted call).
     """
     snap = Snapshot()
+    if loan is None:
+        loan = HostBuffers(keep=False).loan()
     for ordinal, leaf in enumerate(leaves):
         if leaf.kind == EMPTY:
             snap.empty.append({"path": [list(p) for p in leaf.path], "node": leaf.value})
             continue
         try:
-            _snapshot_leaf(snap, leaf, (process, process_count, primary), ordinal, pack_bytes)
+            _snapshot_leaf(snap, leaf, (process, process_count, primary), ordinal, pack_bytes, loan)
         except (ValueError, RuntimeError) as e:
             raise type(e)(f"cannot snapshot leaf {path_str(leaf.path)}: {e}") from e
     # Every copy to host was started above; waiting for them one by one overlaps them.
     layout = {m["name"]: (m["shape"], m["chunks"]) for m in snap.leaves if "chunks" in m}
     for w in snap.writes:
         if isinstance(w.data, jax.Array):
-            w.data = _host_copy(w, *layout[w.leaf])
+            w.data = _host_copy(w, *layout[w.leaf], loan)
+    loan.taken()
     return snap
 
 
-def _host_copy(w: ShardWrite, shape: list[int], chunks: list[int]) -> np.ndarray:
+def _host_copy(w: ShardWrite, shape: list[int], chunks: list[int], loan: Loan) -> np.ndarray:
     """Return a host copy of ``w``'s shard that no later use of the array can change.
 
     On a CPU device ``np.asarray`` is a view of the device buffer, which a donation
@@ -171,7 +178,9 @@ def _host_copy(w: ShardWrite, shape: list[int], chunks: list[int]) -> np.ndarray
         return np.asarray(data)
     view = np.asarray(data)
     if w.parts == 1:
-        return np.array(view, copy=True)
+        return loan.copy_of(view)
+    # Only this replica's chunks are copied: the rest of a fresh array takes no memory
+    # (a borrowed buffer would hold the whole shard's).
     out = np.empty_like(view)
     for i, (_, local) in enumerate(chunk_regions(w.index, tuple(shape), tuple(chunks))):
         if i % w.parts == w.part:
@@ -180,7 +189,12 @@ def _host_copy(w: ShardWrite, shape: list[int], chunks: list[int]) -> np.ndarray
 
 
 def _snapshot_leaf(
-    snap: Snapshot, leaf: Leaf, job: tuple[int, int, int], ordinal: int, pack_bytes: int
+    snap: Snapshot,
+    leaf: Leaf,
+    job: tuple[int, int, int],
+    ordinal: int,
+    pack_bytes: int,
+    loan: Loan,
 ) -> None:
     """Add one leaf's metadata, and this process's writes of it, to ``snap``.
 
@@ -263,7 +277,7 @@ def _snapshot_leaf(
         shard_shape = shape
         meta["sharding"] = None
         if process == primary:
-            copy = np.array(value, dtype=dtype, copy=True)
+            copy = loan.copy_of(np.asarray(value), dtype)
             snap.writes.append(
                 ShardWrite(leaf.name, tuple(slice(None) for _ in shape), copy, copy.nbytes)
             )

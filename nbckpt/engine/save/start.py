@@ -19,6 +19,7 @@ from nbckpt.engine.options import CheckpointerOptions, check_pack_bytes, check_s
 from nbckpt.engine.save.agreement import save_plan
 from nbckpt.engine.save.background import SaveJob, fail, failures
 from nbckpt.engine.save.commit import strategy_for
+from nbckpt.engine.save.hostmem import HostBuffers
 from nbckpt.engine.save.snapshot import take_snapshot
 from nbckpt.engine.sync import preemption
 from nbckpt.engine.tiers.local import LocalTier
@@ -47,6 +48,7 @@ def start_save(
     tier: LocalTier | None = None,
     persistent: bool | None = None,
     pack_bytes: int | None = None,
+    buffers: HostBuffers | None = None,
 ) -> SaveJob:
     """Agree on a save with the other processes and snapshot this process's shards.
 
@@ -54,7 +56,8 @@ def start_save(
     checkpointer's defaults; ``t_requested``, when the call came (now if None). The
     returned job has not started. With a local ``tier``, the step goes to every host's
     local directory, and to the root too when ``persistent`` (None: when the tier's
-    ``persistent_every`` says so).
+    ``persistent_every`` says so). The snapshot copies into ``buffers`` (the
+    checkpointer's, kept from one save to the next; fresh ones if None).
 
     Raises
     ------
@@ -119,6 +122,7 @@ def start_save(
         **({"preemption": told} if told is not None else {}),
         **({"tiers": {"host": tier.host, "persistent": persistent}} if tier is not None else {}),
     )
+    loan = (buffers or HostBuffers(keep=False)).loan()
     try:
         hooks.fire(Phase.SNAPSHOT)
         snap = take_snapshot(
@@ -127,8 +131,10 @@ def start_save(
             process_count=n,
             primary=ctx.primary,
             pack_bytes=arrays.pack_bytes,
+            loan=loan,
         )
     except Exception as e:
+        loan.end(ok=False)
         ctx.preflight.release(op)  # nothing but the claim was written
         kept = is_complete(step_dir(ctx.root, step))
         text = fail(
@@ -157,4 +163,5 @@ def start_save(
         force=force,
         tier=tier,
         persistent=persistent,
+        loan=loan,
     )

@@ -1,0 +1,114 @@
+"""The host buffers a save copies into are lent again only once that save ended well."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from nbckpt.engine import AsyncCheckpointer, hooks
+from nbckpt.engine.save.hostmem import MIN_BYTES, HostBuffers
+from nbckpt.errors import CheckpointError
+
+ROWS = 1024  # 1024 x 512 float32: 2 MiB a leaf, above MIN_BYTES
+
+
+def _state(seed: int) -> dict[str, jax.Array]:
+    keys = jax.random.split(jax.random.key(seed), 2)
+    return {
+        "w": jax.random.normal(keys[0], (ROWS, 512), jnp.float32),
+        "v": jax.random.normal(keys[1], (ROWS, 512), jnp.float32),
+        "b": jnp.ones(16, jnp.float32),  # small: an ordinary copy
+    }
+
+
+def test_a_loan_gives_back_the_same_memory_and_a_failed_one_never() -> None:
+    pool = HostBuffers()
+    loan = pool.loan()
+    a = loan.empty((ROWS, 512), np.float32)
+    small = loan.empty((4,), np.float32)
+    loan.taken()
+    assert small.base is None  # below MIN_BYTES: NumPy's own
+    address = a.__array_interface__["data"][0]
+    loan.end(ok=True)
+    assert pool.nbytes == a.nbytes
+    again = pool.loan()
+    b = again.empty((ROWS, 512), np.float32)
+    assert b.__array_interface__["data"][0] == address
+    again.end(ok=False)  # a write it gave up on may still read b
+    assert pool.nbytes == 0
+    third = pool.loan()
+    assert third.empty((ROWS, 512), np.float32).__array_interface__["data"][0] != address
+    third.end(ok=True)
+    # A save of another shape frees the old sizes once its copies are made.
+    fourth = pool.loan()
+    fourth.empty((MIN_BYTES,), np.uint8)
+    fourth.taken()
+    assert pool.nbytes == 0
+    fourth.end(ok=True)
+    assert pool.nbytes == MIN_BYTES
+
+
+def test_saves_into_reused_buffers_each_restore_what_was_saved(tmp_path: Path) -> None:
+    """Three saves of donated states: each copy reuses the last save's buffers."""
+    step_fn = jax.jit(lambda s: jax.tree.map(lambda a: a * 2 + 1, s), donate_argnums=0)
+    state = _state(0)
+    expected = {}
+    ck = AsyncCheckpointer(tmp_path)
+    try:
+        for step in range(3):
+            expected[step] = {k: np.array(v) for k, v in state.items()}
+            ck.save(step, state)
+            state = step_fn(state)  # donates what was just saved
+            ck.wait_until_finished()
+            assert ck._buffers.nbytes == 2 * ROWS * 512 * 4
+        for step, want in expected.items():
+            out = ck.restore(step)
+            assert all(np.array_equal(np.asarray(out[k]), want[k]) for k in want), step
+    finally:
+        ck.close()
+    assert ck._buffers.nbytes == 0
+
+
+def test_a_failed_save_keeps_no_buffer_and_the_next_save_is_whole(tmp_path: Path) -> None:
+    ck = AsyncCheckpointer(tmp_path, timeout_s=30)
+    try:
+        ck.save(1, _state(1))
+        ck.wait_until_finished()
+        kept = ck._buffers.nbytes
+        assert kept > 0
+
+        def boom(_: object) -> None:
+            raise OSError("injected: the disk went away")
+
+        hooks.set_hook("write", boom)
+        try:
+            ck.save(2, _state(2))
+            with pytest.raises(CheckpointError, match="disk went away"):
+                ck.wait_until_finished()
+        finally:
+            hooks.clear_hooks()
+        assert ck._buffers.nbytes == 0
+        want = {k: np.array(v) for k, v in _state(3).items()}
+        ck.save(3, _state(3))
+        ck.wait_until_finished()
+        out = ck.restore(3)
+        assert all(np.array_equal(np.asarray(out[k]), want[k]) for k in want)
+    finally:
+        ck.close()
+
+
+def test_keep_host_buffers_false_holds_nothing_between_saves(tmp_path: Path) -> None:
+    ck = AsyncCheckpointer(tmp_path, keep_host_buffers=False)
+    try:
+        ck.save(1, _state(4))
+        ck.wait_until_finished()
+        assert ck._buffers.nbytes == 0
+        # The finished job the checkpointer keeps holds no copy either.
+        job = ck._inflight.job
+        assert job is not None and all(w.data is None for w in job.snap.writes)
+    finally:
+        ck.close()
