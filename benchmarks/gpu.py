@@ -13,7 +13,9 @@ One process (no ``jax.distributed``: nbckpt uses its in-process client), on the 
 jax picks. The states (``_gpu_states``): ``fsdp`` at each of ``--sizes``, ``small``
 (hundreds of small leaves) at ``--small-size``. Each repetition, in a rotating order and
 each on a fresh state: the device-to-host copy of every shard (``copy_to_host_async``
-then ``np.asarray``, as nbckpt's snapshot does: the floor of its blocking time); nbckpt
+then ``np.asarray``), and where the device has pinned host memory the copy there
+(``jax.device_put`` to ``pinned_host``, what nbckpt's snapshot does: the floor of its
+blocking time); nbckpt
 (``save`` returns, ``wait_until_finished``, cold restore into the same shardings);
 Orbax (``AsyncCheckpointer(StandardCheckpointHandler())``, its defaults; cold restore);
 plain files (the same bytes from host memory into one file, ``fdatasync``; read back
@@ -54,6 +56,7 @@ from engine_bench import drop_cache  # noqa: E402
 
 FIGURES = {
     "d2h": "device-to-host copy (floor)",
+    "d2h_pinned": "copy to pinned host memory",
     "nb_block": "nbckpt save blocks",
     "nb_durable": "nbckpt durable",
     "nb_restore": "nbckpt restore (cold)",
@@ -65,6 +68,7 @@ FIGURES = {
 }
 RATIOS = {  # name: (numerator, denominator), both medians
     "blocking_vs_d2h": ("nb_block", "d2h"),
+    "blocking_vs_pinned": ("nb_block", "d2h_pinned"),
     "durable_vs_orbax": ("nb_durable", "ob_durable"),
     "restore_vs_orbax": ("nb_restore", "ob_restore"),
     "durable_vs_plain": ("nb_durable", "plain_write"),
@@ -100,6 +104,10 @@ class Bench:
             self.cache.add(f"no ({e.strerror})")
 
     def d2h(self, st: State, seed: int) -> dict[str, float]:
+        import jax
+
+        from nbckpt.engine.save.snapshot import PINNED, has_pinned_host
+
         tree = st.fresh(seed)
         cpu = all(d.platform == "cpu" for a in shards(tree) for d in a.devices())
         t0 = time.perf_counter()
@@ -112,7 +120,19 @@ class Bench:
         if sum(h.nbytes for h in host) != st.nbytes:
             raise AssertionError(f"D2H copied {sum(h.nbytes for h in host)} of {st.nbytes} B")
         free(tree)
-        return {"d2h": seconds}
+        out = {"d2h": seconds}
+        tree = st.fresh(seed + 1)
+        datas = shards(tree)
+        devices = [next(iter(d.devices())) for d in datas]
+        if not cpu and all(has_pinned_host(d) for d in devices):
+            # What nbckpt's snapshot does where the device has pinned host memory.
+            kinds = [jax.sharding.SingleDeviceSharding(d, memory_kind=PINNED) for d in devices]
+            t0 = time.perf_counter()
+            host = [np.asarray(h) for h in jax.device_put(datas, kinds)]
+            out["d2h_pinned"] = time.perf_counter() - t0
+            del host
+        free(tree)
+        return out
 
     def _save_restore(self, st: State, seed: int, who: str, ops: Any) -> tuple[float, ...]:
         """Time ``ops``' save (return, durable) and cold restore; check and delete."""
@@ -266,7 +286,8 @@ def report(meta: dict[str, Any], states: list[State], json_path: str | None) -> 
         f"RESULT gpu={meta.get('device_kind', 'unknown').replace(' ', '_')} "
         f"size={fmt_size(top.nbytes) if top else 'n/a'} "
         f"blocking_vs_d2h={val['blocking_vs_d2h']} durable_vs_orbax={val['durable_vs_orbax']} "
-        f"restore_vs_orbax={val['restore_vs_orbax']}"
+        f"restore_vs_orbax={val['restore_vs_orbax']} "
+        f"blocking_vs_pinned={val['blocking_vs_pinned']}"
     )
     log("\n".join([*lines, meta["result"]]))
     if json_path:

@@ -112,3 +112,34 @@ def test_keep_host_buffers_false_holds_nothing_between_saves(tmp_path: Path) -> 
         assert job is not None and all(w.data is None for w in job.snap.writes)
     finally:
         ck.close()
+
+
+def test_shards_copied_to_pinned_host_memory_survive_their_donation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The GPU path, run on CPU devices, which have pinned host memory too."""
+    from nbckpt.engine.save import snapshot
+
+    monkeypatch.setattr(snapshot, "PINNED_PLATFORMS", frozenset({"cpu"}))
+    snapshot.has_pinned_host.cache_clear()
+    taken: list[str | None] = []
+    start = snapshot._start_host_copy
+    monkeypatch.setattr(
+        snapshot,
+        "_start_host_copy",
+        lambda data: taken.append((out := start(data)).sharding.memory_kind) or out,
+    )
+    try:
+        state = _state(5)
+        want = {k: np.array(v) for k, v in state.items()}
+        step_fn = jax.jit(lambda s: jax.tree.map(lambda a: a - 1, s), donate_argnums=0)
+        with AsyncCheckpointer(tmp_path) as ck:
+            ck.save(1, state)
+            state = step_fn(state)
+            ck.wait_until_finished()
+            assert ck._buffers.nbytes == 0  # nothing copied into nbckpt's own buffers
+            out = ck.restore(1)
+        assert taken and set(taken) == {snapshot.PINNED}
+        assert all(np.array_equal(np.asarray(out[k]), want[k]) for k in want)
+    finally:
+        snapshot.has_pinned_host.cache_clear()

