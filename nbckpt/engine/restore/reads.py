@@ -31,10 +31,10 @@ import tensorstore as ts
 
 from nbckpt.engine.arrays.tree import path_str
 from nbckpt.engine.arrays.zarr import chunk_key, chunk_regions
-from nbckpt.engine.restore import hostshare
 from nbckpt.engine.restore.hostshare import HostRegion, slab_rows
 from nbckpt.engine.restore.protocols import ArraySource, Box
 from nbckpt.engine.restore.targets import check_x64, convert, weaken
+from nbckpt.engine.restore.together import Together
 from nbckpt.errors import CorruptCheckpointError
 from nbckpt.formats import checksum as _checksum
 
@@ -189,9 +189,10 @@ class LeafRead:
         self.devices: list[tuple[Any, Box]] = []
         self.placed: dict[int, Any] = {}
         self.shares = shares or {}
-        self.scratch = scratch
-        #: Slabs read into host-shared files, placed by :meth:`adopt`.
-        self.pending: list[RegionRead] = []
+        #: The regions read together with other processes, where ``scratch`` is given.
+        self.together = None
+        if scratch is not None:
+            self.together = Together(f"{scratch}|{self.name}", (self.chunks or [1])[0])
         self._opening: Any = None
         if meta["kind"] != "scalar":
             whole: Box = tuple((0, d) for d in self.shape)
@@ -257,10 +258,13 @@ class LeafRead:
             if box in self.reads:
                 continue
             share = self.shares.get(want)
-            read = None
-            if share is not None and self.scratch is not None:
-                read = self._together(box, dtype, share)
-            if read is None:
+            slab = None
+            if share is not None and self.together is not None:
+                slab = self.together.slab(box, dtype, share)
+            if slab is not None:
+                region, part, buf = slab
+                read = RegionRead(self, part, buf, region=region, whole=box)
+            else:
                 buf = aligned_empty(tuple(b - a for a, b in box), dtype)
                 read = RegionRead(self, box, buf, share=share)
             if fill is not None:
@@ -278,36 +282,6 @@ class LeafRead:
             self.nbytes += read.buf.nbytes
         return len(self.reads)
 
-    def _rows(self, box: Box) -> int:
-        """The number of chunk rows along the first dimension of ``box``."""
-        a, b = box[0]
-        return -(-(b - a) // max(1, self.chunks[0]))
-
-    def _together(
-        self, box: Box, dtype: np.dtype[Any], share: tuple[int, int]
-    ) -> RegionRead | None:
-        """This process's slab of ``box``, read into the holders' shared file.
-
-        None when the shared memory has no room or cannot be used: the caller reads
-        the whole region itself, as every holder then does.
-        """
-        rank, holders = share
-        shape = tuple(b - a for a, b in box)
-        if not hostshare.usable(math.prod(shape) * dtype.itemsize):
-            return None
-        try:
-            region = HostRegion(f"{self.scratch}|{self.name}|{box}", shape, dtype, rank, holders)
-        except OSError:
-            return None
-        try:
-            start, stop = region.slab(slab_rows(self._rows(box), holders, rank), self.chunks[0])
-        except OSError:
-            region.close()
-            return None
-        (a, _), *rest = box
-        slab: Box = ((a + start, a + stop), *rest)
-        return RegionRead(self, slab, region.buffer()[start:stop], region=region, whole=box)
-
     def check(self, read: RegionRead) -> None:
         """Raise if a finished read failed, or if a chunk in it fails its checksum."""
         try:
@@ -322,36 +296,26 @@ class LeafRead:
         A slab of a host-shared region is only recorded as done: :meth:`adopt` places
         the region once every holder has passed the barrier.
         """
-        if read.region is not None:
+        if read.region is not None and self.together is not None:
             read.region.mark()
-            self.pending.append(read)
+            self.together.pending.append(read)
             return
         self._place(read.box, read.buf)
 
     def adopt(self) -> None:
-        """Place the regions read together with other processes (after the barrier).
+        """Place the regions read together with other processes (after the barrier)."""
+        if self.together is not None:
+            self.together.adopt(self._reread, self._place)
 
-        A region whose file misses another holder's slab (it read the region itself,
-        or this host name hides several hosts' shared memories) is read again here,
-        whole and unchecked: its holders checked every chunk of it, each its slab.
-        """
-        store = None
-        for read in self.pending:
-            assert read.region is not None and read.whole is not None
-            host = read.region.adopt()
-            if host is None:
-                if store is None:
-                    store = self.store()
-                host = aligned_empty(read.region.shape, read.region.dtype)
-                try:
-                    dst = ts.array(host, copy=False, write=True)
-                    dst.write(store[_slices(read.whole)]).result()
-                except ValueError as e:
-                    raise _read_failed(self, e, read.whole) from None
-                self.nbytes += host.nbytes
-            read.region.close()
-            self._place(read.whole, host)
-        self.pending.clear()
+    def _reread(self, region: HostRegion, whole: Box) -> np.ndarray:
+        host = aligned_empty(region.shape, region.dtype)
+        try:
+            dst = ts.array(host, copy=False, write=True)
+            dst.write(self.store()[_slices(whole)]).result()
+        except ValueError as e:
+            raise _read_failed(self, e, whole) from None
+        self.nbytes += host.nbytes
+        return host
 
     def release(self) -> None:
         """Unlink and drop every host-shared file of this leaf (idempotent)."""
@@ -422,8 +386,8 @@ def _verify(leaf: LeafRead, read: RegionRead) -> None:
     mine, first, step = None, 0, 1
     if read.share is not None and read.share[1] > 1:
         rank, holders = read.share
-        mine = slab_rows(leaf._rows(read.box), holders, rank)
         first, step = read.box[0][0], max(1, leaf.chunks[0])
+        mine = slab_rows(-(-(read.box[0][1] - first) // step), holders, rank)
     for glob, local in chunk_regions(_slices(read.box), leaf.shape, leaf.chunks):
         if mine is not None and (glob[0].start - first) // step not in mine:
             continue  # another process that read this region checks that chunk
