@@ -127,7 +127,7 @@ def test_shards_copied_to_pinned_host_memory_survive_their_donation(
     monkeypatch.setattr(
         snapshot,
         "_start_host_copy",
-        lambda data: taken.append((out := start(data)).sharding.memory_kind) or out,
+        lambda data, loan: taken.append((out := start(data, loan)).sharding.memory_kind) or out,
     )
     try:
         state = _state(5)
@@ -143,3 +143,23 @@ def test_shards_copied_to_pinned_host_memory_survive_their_donation(
         assert all(np.array_equal(np.asarray(out[k]), want[k]) for k in want)
     finally:
         snapshot.has_pinned_host.cache_clear()
+
+
+def test_a_shard_already_in_host_memory_is_copied_not_aliased(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An accelerator's offloaded shard, played by a CPU array in pinned host memory."""
+    from nbckpt.engine.arrays.tree import flatten
+    from nbckpt.engine.save import snapshot
+
+    monkeypatch.setattr(snapshot, "_offloaded", lambda data, device: True)
+    device = jax.devices()[0]
+    host = jax.device_put(
+        jnp.arange(ROWS * 512, dtype=jnp.float32),
+        jax.sharding.SingleDeviceSharding(device, memory_kind=snapshot.PINNED),
+    )
+    snap = snapshot.take_snapshot(flatten({"x": host}), process=0, process_count=1, primary=0)
+    (w,) = snap.writes
+    assert isinstance(w.data, np.ndarray)
+    assert not np.shares_memory(w.data, np.asarray(host))
+    assert np.array_equal(w.data, np.asarray(host))

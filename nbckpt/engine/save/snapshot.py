@@ -210,14 +210,27 @@ def has_pinned_host(device: jax.Device) -> bool:
     )
 
 
-def _start_host_copy(data: jax.Array) -> jax.Array:
+#: Memory kinds on the host: a shard there (offloaded, say) is host memory already.
+HOST_KINDS = frozenset({PINNED, "unpinned_host"})
+
+
+def _offloaded(data: jax.Array, device: jax.Device) -> bool:
+    """Whether ``data`` is an accelerator's shard that lives in host memory."""
+    return device.platform != "cpu" and data.sharding.memory_kind in HOST_KINDS
+
+
+def _start_host_copy(data: jax.Array, loan: Loan) -> jax.Array | np.ndarray:
     """Start copying one single-device shard to host memory; return what to wait on.
 
     To pinned host memory where the device has it: a buffer of its own, which a
     donation of the shard leaves alone. If the device refuses the transfer there (out
-    of pinned memory), ``copy_to_host_async``'s copy, as everywhere else.
+    of pinned memory), ``copy_to_host_async``'s copy, as everywhere else. A shard of
+    an accelerator's array that lives in host memory already (offloaded) is copied at
+    once: a transfer to the memory it is in may hand back the same buffer.
     """
     device = next(iter(data.devices()))
+    if _offloaded(data, device):
+        return loan.copy_of(np.asarray(data))
     if has_pinned_host(device):
         try:
             pinned: jax.Array = jax.device_put(
@@ -303,7 +316,7 @@ def _snapshot_leaf(
                 ours = shard.replica_id < parts if parts > 1 else shard.replica_id == writer
                 if not ours:
                     continue
-                data = _start_host_copy(shard.data)
+                data = _start_host_copy(shard.data, loan)
                 nbytes = sum(
                     math.prod(sl.stop - sl.start for sl in region) * dtype.itemsize
                     for i, (region, _) in enumerate(chunk_regions(shard.index, shape, chunks))
