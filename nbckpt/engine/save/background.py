@@ -23,6 +23,7 @@ from nbckpt.engine.arrays.array_format import ArrayFormat, Zarr2Arrays
 from nbckpt.engine.save.advice import reason
 from nbckpt.engine.save.commit import CommitStrategy
 from nbckpt.engine.save.hostmem import Loan
+from nbckpt.engine.save.metadata import write_metadata
 from nbckpt.engine.save.prune import apply_retention
 from nbckpt.engine.save.snapshot import Snapshot
 from nbckpt.engine.sync.barriers import Synchronizer
@@ -38,17 +39,12 @@ from nbckpt.errors import (
 )
 from nbckpt.formats.layout import (
     CHECKSUMS_DIR,
-    FORMAT,
-    METADATA_FILE,
     is_complete,
     read_metadata,
     read_owner,
-    seal_tree,
     step_dir,
     write_durable,
 )
-from nbckpt.formats.orbax_write import orbax_records
-from nbckpt.formats.packs import is_packed
 from nbckpt.formats.retention import RetentionPolicy
 from nbckpt.journal import JournalWriter, summarize_quietly
 from nbckpt.protocol import (
@@ -263,7 +259,7 @@ class SaveJob:
             self.journal.emit(Event.FINALIZE_STARTED)
             self._check_still_ours(work)
             unsynced = self.arrays.finish(work, self.snap)
-            self._write_metadata(work, unsynced)
+            write_metadata(self, work, unsynced)
             self.strategy.finalize(self.root, self.step, self.op, force=self.force)
             self._decide(Event.COMMITTED)
             self.journal.emit(Event.FINALIZED)
@@ -348,49 +344,6 @@ class SaveJob:
                 self.health(Phase.FINALIZE)
             except Exception:
                 return  # the primary or the service is gone: the disk says the rest
-
-    def _write_metadata(
-        self,
-        work: Location,
-        unsynced: list[Location],
-        *,
-        mode: str | None = None,
-        arrays: ArrayFormat | None = None,
-    ) -> None:
-        """Primary only: write nbckpt's and Orbax's metadata, then make the tree durable.
-
-        ``unsynced``: files the array format wrote without making them durable.
-        ``mode`` and ``arrays``: the commit mode and array format, if not the save's
-        own (the local tier's copies are always renamed, in nbckpt's layout).
-        """
-        arrays = arrays if arrays is not None else self.arrays
-        meta = {
-            "format": FORMAT,
-            "step": self.step,
-            "mode": mode or self.strategy.mode,
-            "op": self.op,
-            "process_count": self.sync.process_count,
-            "primary": self.primary,
-            "time_requested": self.t_requested,
-            "time_finalized": time.time(),
-            "leaves": self.snap.leaves,
-            # Empty nodes (None, empty containers), so that positions are kept.
-            "empty": self.snap.empty,
-            # Restore then knows that a missing _CHECKSUMS is damage, not an old step.
-            "checksums": True,
-            # What retention ranks steps by (RetentionPolicy.best_metric).
-            "metrics": self.metrics,
-        }
-        if arrays.arrays is not None:
-            meta["arrays"] = arrays.arrays  # how restore opens them
-        # Orbax's records (_METADATA, _sharding), so that Orbax restores the step too;
-        # none where leaves are packed: Orbax cannot read those, and refuses the step.
-        records: dict[str, str] = {}
-        if not any(is_packed(m) for m in self.snap.leaves):
-            records = orbax_records(self.snap.leaves, arrays.flags, self.snap.empty)
-        # Nothing reads the working directory before it is published, so the records
-        # and every directory entry are made durable in one batch, not one by one.
-        seal_tree(work, {**records, METADATA_FILE: json.dumps(meta, indent=1)}, unsynced)
 
 
 def cut_off(

@@ -27,6 +27,7 @@ from nbckpt.engine import hooks
 from nbckpt.engine.arrays.array_format import Zarr2Arrays
 from nbckpt.engine.save import ownership
 from nbckpt.engine.save.commit import RenameCommit
+from nbckpt.engine.save.metadata import write_metadata
 from nbckpt.engine.save.prune import apply_retention
 from nbckpt.engine.tiers.local import LocalTier
 from nbckpt.engine.tiers.units import pull_unit
@@ -78,7 +79,7 @@ def save_local(job: SaveJob, tier: LocalTier) -> None:
     meet(TierBarrier.LOCAL_WRITTEN)
     if leader:
         unsynced = arrays.finish(work, job.snap)
-        job._write_metadata(work, unsynced, mode=RENAME, arrays=arrays)
+        write_metadata(job, work, unsynced, mode=RENAME, arrays=arrays)
         RenameCommit().finalize(local, job.step, job.op, force=True)
         held = tier.processes_of(tier.host)
         job.journal.emit(

@@ -1,0 +1,67 @@
+"""A step's metadata: what nbckpt's restore reads first, and Orbax's records beside it.
+
+The primary writes it into the working directory once every process has written its
+shards, then makes the whole tree durable in one batch; the commit that follows
+publishes it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING
+
+from nbckpt.engine.arrays.array_format import ArrayFormat
+from nbckpt.formats.layout import FORMAT, METADATA_FILE, seal_tree
+from nbckpt.formats.orbax_write import orbax_records
+from nbckpt.formats.packs import is_packed
+from nbckpt.storage import Location
+
+if TYPE_CHECKING:
+    from nbckpt.engine.save.background import SaveJob
+
+__all__ = ["write_metadata"]
+
+
+def write_metadata(
+    job: SaveJob,
+    work: Location,
+    unsynced: list[Location],
+    *,
+    mode: str | None = None,
+    arrays: ArrayFormat | None = None,
+) -> None:
+    """Primary only: write ``job``'s metadata and Orbax's records into ``work``, durably.
+
+    ``unsynced``: files the array format wrote without making them durable.
+    ``mode`` and ``arrays``: the commit mode and array format, if not the save's
+    own (the local tier's copies are always renamed, in nbckpt's layout).
+    """
+    arrays = arrays if arrays is not None else job.arrays
+    meta = {
+        "format": FORMAT,
+        "step": job.step,
+        "mode": mode or job.strategy.mode,
+        "op": job.op,
+        "process_count": job.sync.process_count,
+        "primary": job.primary,
+        "time_requested": job.t_requested,
+        "time_finalized": time.time(),
+        "leaves": job.snap.leaves,
+        # Empty nodes (None, empty containers), so that positions are kept.
+        "empty": job.snap.empty,
+        # Restore then knows that a missing _CHECKSUMS is damage, not an old step.
+        "checksums": True,
+        # What retention ranks steps by (RetentionPolicy.best_metric).
+        "metrics": job.metrics,
+    }
+    if arrays.arrays is not None:
+        meta["arrays"] = arrays.arrays  # how restore opens them
+    # Orbax's records (_METADATA, _sharding), so that Orbax restores the step too;
+    # none where leaves are packed: Orbax cannot read those, and refuses the step.
+    records: dict[str, str] = {}
+    if not any(is_packed(m) for m in job.snap.leaves):
+        records = orbax_records(job.snap.leaves, arrays.flags, job.snap.empty)
+    # Nothing reads the working directory before it is published, so the records
+    # and every directory entry are made durable in one batch, not one by one.
+    seal_tree(work, {**records, METADATA_FILE: json.dumps(meta, indent=1)}, unsynced)
