@@ -90,10 +90,6 @@ class HostBuffers:
                 for m in lent:
                     self._free.setdefault(len(m), []).append(m)
 
-    def _trim(self) -> None:
-        with self._lock:
-            self._free.clear()
-
 
 class Loan:
     """The buffers one save borrowed: :meth:`empty` lends, :meth:`end` settles."""
@@ -124,7 +120,7 @@ class Loan:
 
     def taken(self) -> None:
         """Every copy is made: free the held buffers this save did not borrow."""
-        self._owner._trim()
+        self._owner.clear()
 
     def end(self, ok: bool) -> None:
         """The save ended: give the buffers back if ``ok``, else drop them.
