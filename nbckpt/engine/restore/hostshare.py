@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["SCRATCH_DIR", "HostRegion", "slab_rows", "usable"]
+__all__ = ["SCRATCH_DIR", "HostRegion", "holder_rows", "slab_rows", "usable"]
 
 #: Where the shared files go: a tmpfs every process of the host sees. Tests point it
 #: elsewhere to play processes that share a host name but not the memory.
@@ -61,6 +61,16 @@ def slab_rows(rows: int, holders: int, rank: int) -> range:
     even as the rows allow, and every row has exactly one owner.
     """
     return range(-(-rank * rows // holders), -(-(rank + 1) * rows // holders))
+
+
+def holder_rows(first: tuple[int, int], chunk_rows: int, holders: int, rank: int) -> range:
+    """The chunk rows of a region that holder ``rank`` reads and checks.
+
+    ``first`` is the region's (start, stop) along the first dimension, whose chunks
+    are ``chunk_rows`` long; rows count from the region's start (:func:`slab_rows`).
+    """
+    start, stop = first
+    return slab_rows(-(-(stop - start) // max(1, chunk_rows)), holders, rank)
 
 
 class HostRegion:

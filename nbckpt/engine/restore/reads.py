@@ -31,7 +31,7 @@ import tensorstore as ts
 
 from nbckpt.engine.arrays.tree import path_str
 from nbckpt.engine.arrays.zarr import chunk_key, chunk_regions
-from nbckpt.engine.restore.hostshare import HostRegion, slab_rows
+from nbckpt.engine.restore.hostshare import HostRegion, holder_rows
 from nbckpt.engine.restore.protocols import ArraySource, Box
 from nbckpt.engine.restore.targets import check_x64, convert, weaken
 from nbckpt.engine.restore.together import Together
@@ -387,7 +387,7 @@ def _verify(leaf: LeafRead, read: RegionRead) -> None:
     if read.share is not None and read.share[1] > 1:
         rank, holders = read.share
         first, step = read.box[0][0], max(1, leaf.chunks[0])
-        mine = slab_rows(-(-(read.box[0][1] - first) // step), holders, rank)
+        mine = holder_rows(read.box[0], step, holders, rank)
     for glob, local in chunk_regions(_slices(read.box), leaf.shape, leaf.chunks):
         if mine is not None and (glob[0].start - first) // step not in mine:
             continue  # another process that read this region checks that chunk

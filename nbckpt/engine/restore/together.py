@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from nbckpt.engine.restore import hostshare
-from nbckpt.engine.restore.hostshare import HostRegion, slab_rows
+from nbckpt.engine.restore.hostshare import HostRegion, holder_rows
 from nbckpt.engine.restore.protocols import Box
 
 __all__ = ["Slab", "Together"]
@@ -58,9 +58,9 @@ class Together:
             region = HostRegion(f"{self.tag}|{box}", shape, dtype, rank, holders)
         except OSError:
             return None
-        rows = -(-(box[0][1] - box[0][0]) // self.chunk_rows)
         try:
-            start, stop = region.slab(slab_rows(rows, holders, rank), self.chunk_rows)
+            rows = holder_rows(box[0], self.chunk_rows, holders, rank)
+            start, stop = region.slab(rows, self.chunk_rows)
         except OSError:
             region.close()
             return None
