@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from nbckpt.engine import AsyncCheckpointer, hooks
-from nbckpt.engine.save.hostmem import MIN_BYTES, HostBuffers
+from nbckpt.engine.save.hostmem import MIN_BYTES, SLAB_BYTES, HostBuffers
 from nbckpt.errors import CheckpointError
 
 ROWS = 1024  # 1024 x 512 float32: 2 MiB a leaf, above MIN_BYTES
@@ -21,7 +21,7 @@ def _state(seed: int) -> dict[str, jax.Array]:
     return {
         "w": jax.random.normal(keys[0], (ROWS, 512), jnp.float32),
         "v": jax.random.normal(keys[1], (ROWS, 512), jnp.float32),
-        "b": jnp.ones(16, jnp.float32),  # small: an ordinary copy
+        "b": jnp.ones(16, jnp.float32),  # small: cut from a slab
     }
 
 
@@ -29,17 +29,17 @@ def test_a_loan_gives_back_the_same_memory_and_a_failed_one_never() -> None:
     pool = HostBuffers()
     loan = pool.loan()
     a = loan.empty((ROWS, 512), np.float32)
-    small = loan.empty((4,), np.float32)
+    loan.empty((4,), np.float32)  # below MIN_BYTES: cut from a slab
     loan.taken()
-    assert small.base is None  # below MIN_BYTES: NumPy's own
     address = a.__array_interface__["data"][0]
     loan.end(ok=True)
-    assert pool.nbytes == a.nbytes
+    assert pool.nbytes == a.nbytes + SLAB_BYTES
     again = pool.loan()
     b = again.empty((ROWS, 512), np.float32)
     assert b.__array_interface__["data"][0] == address
     again.end(ok=False)  # a write it gave up on may still read b
-    assert pool.nbytes == 0
+    assert pool.nbytes == SLAB_BYTES  # only the slab it did not borrow is left
+    pool.clear()
     third = pool.loan()
     assert third.empty((ROWS, 512), np.float32).__array_interface__["data"][0] != address
     third.end(ok=True)
@@ -50,6 +50,28 @@ def test_a_loan_gives_back_the_same_memory_and_a_failed_one_never() -> None:
     assert pool.nbytes == 0
     fourth.end(ok=True)
     assert pool.nbytes == MIN_BYTES
+
+
+def test_small_copies_are_cut_from_slabs_kept_for_the_next_save() -> None:
+    """Aligned, apart, in as few slabs as fit them, and the same memory next time."""
+    pool = HostBuffers()
+    sizes = [1, 3, 4096, 500_000, 1000, 7] * 20  # 10.1 MB: 2.4 slabs of 4 MiB
+
+    def cut() -> list[np.ndarray]:
+        loan = pool.loan()
+        out = [loan.copy_of(np.full(n, i % 251, np.uint8)) for i, n in enumerate(sizes)]
+        loan.taken()
+        loan.end(ok=True)
+        return out
+
+    first = cut()
+    starts = [a.__array_interface__["data"][0] for a in first]
+    assert all(s % 64 == 0 for s in starts)
+    assert all(np.all(a == i % 251) for i, a in enumerate(first))  # none overlaps another
+    assert pool.nbytes == 3 * SLAB_BYTES
+    second = cut()
+    assert [a.__array_interface__["data"][0] for a in second] == starts
+    assert pool.nbytes == 3 * SLAB_BYTES
 
 
 def test_saves_into_reused_buffers_each_restore_what_was_saved(tmp_path: Path) -> None:
@@ -64,7 +86,7 @@ def test_saves_into_reused_buffers_each_restore_what_was_saved(tmp_path: Path) -
             ck.save(step, state)
             state = step_fn(state)  # donates what was just saved
             ck.wait_until_finished()
-            assert ck._buffers.nbytes == 2 * ROWS * 512 * 4
+            assert ck._buffers.nbytes == 2 * ROWS * 512 * 4 + SLAB_BYTES  # "b": a slab
         for step, want in expected.items():
             out = ck.restore(step)
             assert all(np.array_equal(np.asarray(out[k]), want[k]) for k in want), step
@@ -127,7 +149,9 @@ def test_shards_copied_to_pinned_host_memory_survive_their_donation(
     monkeypatch.setattr(
         snapshot,
         "_start_host_copy",
-        lambda data, loan: taken.append((out := start(data, loan)).sharding.memory_kind) or out,
+        lambda data, device, loan: (
+            taken.append((out := start(data, device, loan)).sharding.memory_kind) or out
+        ),
     )
     try:
         state = _state(5)

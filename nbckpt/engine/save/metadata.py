@@ -64,4 +64,4 @@ def write_metadata(
         records = orbax_records(job.snap.leaves, arrays.flags, job.snap.empty)
     # Nothing reads the working directory before it is published, so the records
     # and every directory entry are made durable in one batch, not one by one.
-    seal_tree(work, {**records, METADATA_FILE: json.dumps(meta, indent=1)}, unsynced)
+    seal_tree(work, {**records, METADATA_FILE: json.dumps(meta)}, unsynced)

@@ -92,7 +92,18 @@ class Snapshot:
 
 
 def describe_sharding(sharding: Any) -> dict[str, Any]:
-    """Return a JSON-able description of a sharding (enough to rebuild a NamedSharding)."""
+    """Return a JSON-able description of a sharding (enough to rebuild a NamedSharding).
+
+    Equal shardings share one description, which callers must not change: a state's
+    leaves have a few shardings among thousands of leaves.
+    """
+    try:
+        return _described(sharding)
+    except TypeError:  # a sharding that cannot be hashed
+        return _describe_sharding(sharding)
+
+
+def _describe_sharding(sharding: Any) -> dict[str, Any]:
     if isinstance(sharding, jax.sharding.NamedSharding):
         mesh = sharding.mesh
         spec = [list(p) if isinstance(p, tuple) else p for p in sharding.spec]
@@ -111,6 +122,10 @@ def describe_sharding(sharding: Any) -> dict[str, Any]:
     return {"type": type(sharding).__name__}
 
 
+_described = functools.lru_cache(maxsize=256)(_describe_sharding)
+
+
+@functools.lru_cache(maxsize=4096)
 def replica_count(sharding: jax.sharding.Sharding, shape: tuple[int, ...]) -> int:
     """How many devices hold each shard of an array of ``shape`` under ``sharding``."""
     boxes = {
@@ -219,16 +234,16 @@ def _offloaded(data: jax.Array, device: jax.Device) -> bool:
     return device.platform != "cpu" and data.sharding.memory_kind in HOST_KINDS
 
 
-def _start_host_copy(data: jax.Array, loan: Loan) -> jax.Array | np.ndarray:
-    """Start copying one single-device shard to host memory; return what to wait on.
+def _start_host_copy(data: jax.Array, device: jax.Device, loan: Loan) -> jax.Array | np.ndarray:
+    """Start copying one shard, on ``device``, to host memory; return what to wait on.
 
     To pinned host memory where the device has it: a buffer of its own, which a
     donation of the shard leaves alone. If the device refuses the transfer there (out
     of pinned memory), ``copy_to_host_async``'s copy, as everywhere else. A shard of
     an accelerator's array that lives in host memory already (offloaded) is copied at
-    once: a transfer to the memory it is in may hand back the same buffer.
+    once: a transfer to the memory it is in may hand back the same buffer. A CPU
+    device's shard is host memory already: :func:`_host_copy` copies it.
     """
-    device = next(iter(data.devices()))
     if _offloaded(data, device):
         return loan.copy_of(np.asarray(data))
     if has_pinned_host(device):
@@ -239,7 +254,8 @@ def _start_host_copy(data: jax.Array, loan: Loan) -> jax.Array | np.ndarray:
             return pinned
         except (RuntimeError, ValueError):
             pass
-    data.copy_to_host_async()
+    if device.platform != "cpu":
+        data.copy_to_host_async()
     return data
 
 
@@ -316,12 +332,15 @@ def _snapshot_leaf(
                 ours = shard.replica_id < parts if parts > 1 else shard.replica_id == writer
                 if not ours:
                     continue
-                data = _start_host_copy(shard.data, loan)
-                nbytes = sum(
-                    math.prod(sl.stop - sl.start for sl in region) * dtype.itemsize
-                    for i, (region, _) in enumerate(chunk_regions(shard.index, shape, chunks))
-                    if i % parts == shard.replica_id
-                )
+                data = _start_host_copy(shard.data, shard.device, loan)
+                if parts == 1:
+                    nbytes = math.prod(shard.data.shape) * dtype.itemsize
+                else:
+                    nbytes = sum(
+                        math.prod(sl.stop - sl.start for sl in region) * dtype.itemsize
+                        for i, (region, _) in enumerate(chunk_regions(shard.index, shape, chunks))
+                        if i % parts == shard.replica_id
+                    )
                 part = shard.replica_id if parts > 1 else 0
                 snap.writes.append(ShardWrite(leaf.name, shard.index, data, nbytes, part, parts))
         meta["chunks"] = chunks
