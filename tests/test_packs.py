@@ -25,7 +25,8 @@ T = "tests.test_packs"
 def _state() -> dict[str, object]:
     rng = np.random.default_rng(1)
     return {
-        "big": jax.numpy.asarray(rng.standard_normal((512, 1024)).astype(np.float32)),  # 2 MiB
+        # 8 MiB on one device: its one shard is above the default pack_bytes (4 MiB).
+        "big": jax.numpy.asarray(rng.standard_normal((2048, 1024)).astype(np.float32)),
         "layers": [
             {
                 "bias": jax.numpy.asarray(rng.standard_normal(64 * (i + 1)).astype(np.float32)),
@@ -273,6 +274,41 @@ def reshard_packed(root: str) -> list[str]:
 @pytest.mark.multihost
 def test_a_target_that_cuts_packed_chunks_gets_their_intersection(group1, tmp_path):
     assert group1.run(f"{T}:reshard_packed", str(tmp_path)) == [[]]
+
+
+def small_shards_packed(root: str) -> dict[str, object]:
+    """Save two leaves over 8 devices, with shards of 1 KiB and 4 KiB, pack_bytes 2 KiB.
+
+    Returns which leaves are packed, and whether a restore into column shardings (other
+    shards than were saved) gives back the values.
+    """
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = Mesh(np.array(jax.devices()), ("x",))
+    rows, cols = NamedSharding(mesh, P("x", None)), NamedSharding(mesh, P(None, "x"))
+    values = {
+        "fine": np.arange(64 * 32, dtype=np.float32).reshape(64, 32),  # 8 KiB, 1 KiB shards
+        "coarse": np.arange(256 * 32, dtype=np.float32).reshape(256, 32),  # 4 KiB shards
+    }
+    ck = AsyncCheckpointer(root)
+    ck.save(1, {k: jax.device_put(v, rows) for k, v in values.items()}, pack_bytes=2048)
+    ck.wait_until_finished()
+    meta = json.loads((Path(root) / "1" / "_NBCKPT_METADATA").read_text())
+    out = ck.restore(1, target={k: cols for k in values})
+    same = all(
+        np.array_equal(np.asarray(s.data), values[k][s.index])
+        for k in values
+        for s in out[k].addressable_shards
+    )
+    return {"packed": sorted(m["name"] for m in meta["leaves"] if m.get("packed")), "same": same}
+
+
+@pytest.mark.multihost
+def test_a_leaf_is_packed_by_its_shards_not_its_whole_size(group4, tmp_path):
+    """A large matrix cut into small shards costs a file per shard: it is packed too."""
+    got = group4.run(f"{T}:small_shards_packed", str(tmp_path))
+    assert got == [{"packed": ["fine"], "same": True}] * 4
 
 
 # -- small leaves read in bulk --------------------------------------------------------

@@ -63,9 +63,10 @@ class CheckpointerOptions:
         The local tier (see :class:`~nbckpt.engine.tiers.local.TierOptions`): none by
         default, and then every save goes to the root.
     pack_bytes
-        In nbckpt's own layout, leaves of at most this many bytes are packed, one file
-        per process (:mod:`nbckpt.formats.packs`): a state of many small leaves is
-        written and read with a few requests, not several per leaf. Orbax cannot read
+        In nbckpt's own layout, leaves whose shards are each of at most this many
+        bytes are packed, one file per process (:mod:`nbckpt.formats.packs`): a state
+        of many small leaves, or of matrices split into small shards, is written and
+        read with a few requests, not several per leaf. Orbax cannot read
         packed leaves: 0 packs none, and then Orbax restores every step.
     keep_host_buffers
         Keep the host memory that a save copied its shards into for the next save

@@ -138,9 +138,10 @@ class NbckptMagics(InspectionMagics, TierMagics):
         Every engine must save the same tree with the same options, or nothing is
         written. A step another save is writing is refused, naming it; so is a step
         older than the newest one (``%ckpt_rollback STEP`` first). With a local tier
-        (``%ckpt_tiers``), ``--persistent`` sends this step to the root too. Leaves of
-        at most 1 MiB are packed, one file per process; ``--pack-bytes 0`` stores each
-        leaf as its own zarr array, so that Orbax can restore the step.
+        (``%ckpt_tiers``), ``--persistent`` sends this step to the root too. Leaves
+        whose shards are each of at most 4 MiB are packed, one file per process;
+        ``--pack-bytes 0`` stores each leaf as its own zarr array, so that Orbax can
+        restore the step.
         """
         args = a.parse_save_args(line)
         client = self._client()

@@ -244,8 +244,9 @@ class CheckpointClient(RootPolicies):
 
         ``metrics`` are numbers recorded with the step (``{"loss": 0.31}``), by which
         :meth:`retention` may keep the best steps; ``format`` is ``"nbckpt"`` (zarr
-        arrays, and the leaves of at most ``pack_bytes`` packed in one file per
-        process; None: 1 MiB, 0: none, so that Orbax reads the step too) or
+        arrays, and the leaves whose shards are each of at most ``pack_bytes`` packed
+        in one file per process; None: 4 MiB, 0: none, so that Orbax reads the step
+        too) or
         ``"orbax"`` (Orbax's own OCDBT layout).
         ``persistent=True`` sends a step to the root whatever the local tier's
         ``persistent_every`` says (None: as it says; see :meth:`tiers`).

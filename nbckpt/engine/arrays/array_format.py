@@ -35,8 +35,8 @@ class ArrayFormat(Protocol):
     flags
         How Orbax's ``_METADATA`` describes the arrays.
     pack_bytes
-        Leaves of at most this many bytes are packed (:mod:`nbckpt.formats.packs`);
-        0 packs none.
+        Leaves whose shards are each of at most this many bytes are packed
+        (:mod:`nbckpt.formats.packs`); 0 packs none.
     """
 
     name: SaveFormat
@@ -77,7 +77,8 @@ class ArrayFormat(Protocol):
 class Zarr2Arrays:
     """nbckpt's own layout: ``<step>/<leaf name>/``, an uncompressed zarr v2 array.
 
-    Leaves of at most ``pack_bytes`` are packed instead, in one file per process.
+    Leaves whose shards are each of at most ``pack_bytes`` are packed instead, in one
+    file per process.
     """
 
     name: SaveFormat = NBCKPT_FORMAT

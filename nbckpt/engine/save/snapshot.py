@@ -158,8 +158,8 @@ def take_snapshot(
     replicated leaves of a state are spread over the processes. Arrays that are local
     to each process (NumPy arrays, fully addressable jax arrays when several processes
     run) are taken to be the same everywhere and are written by the primary only.
-    Leaves of at most ``pack_bytes`` are packed (:mod:`nbckpt.formats.packs`); 0 packs
-    none.
+    Leaves whose shards are each of at most ``pack_bytes`` are packed
+    (:mod:`nbckpt.formats.packs`); 0 packs none.
 
     Every shard of a jax array this process writes is copied to host memory before it
     returns (see the module's description): the arrays may be donated or deleted as
@@ -259,6 +259,19 @@ def _start_host_copy(data: jax.Array, device: jax.Device, loan: Loan) -> jax.Arr
     return data
 
 
+def _pack_if_small(
+    meta: dict[str, Any], shard_shape: tuple[int, ...], itemsize: int, pack_bytes: int
+) -> None:
+    """Mark the leaf packed if each of its shards is at most ``pack_bytes``.
+
+    Its shards, not the whole leaf: a file's fixed cost (create, fsync, open) is paid
+    per shard, so a large matrix split into small shards is as costly per byte as a
+    small vector. Every process decides alike, from the global shape and sharding.
+    """
+    if 0 < math.prod(shard_shape) * itemsize <= pack_bytes:
+        meta["packed"] = True
+
+
 def _snapshot_leaf(
     snap: Snapshot,
     leaf: Leaf,
@@ -301,8 +314,6 @@ def _snapshot_leaf(
     shape = tuple(int(s) for s in value.shape)
     meta["shape"] = list(shape)
     meta["dtype"] = dtype.name
-    if 0 < math.prod(shape) * dtype.itemsize <= pack_bytes:
-        meta["packed"] = True
     if leaf.key_impl is not None:
         meta["key_impl"] = leaf.key_impl
     if leaf.kind == "jax":
@@ -314,6 +325,7 @@ def _snapshot_leaf(
         sharding = value.sharding
         meta["sharding"] = describe_sharding(sharding)
         shard_shape = sharding.shard_shape(shape)
+        _pack_if_small(meta, shard_shape, dtype.itemsize, pack_bytes)
         local = process_count > 1 and value.is_fully_addressable
         # Replicas of one shard split its chunks among them, so a replicated leaf is
         # written once per job by every process that holds it, not by one alone.
@@ -349,6 +361,7 @@ def _snapshot_leaf(
     else:
         shard_shape = shape
         meta["sharding"] = None
+        _pack_if_small(meta, shard_shape, dtype.itemsize, pack_bytes)
         if process == primary:
             copy = loan.copy_of(np.asarray(value), dtype)
             snap.writes.append(

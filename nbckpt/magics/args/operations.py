@@ -53,8 +53,9 @@ SAVE: Final = MagicArgs(
     argument(
         "--pack-bytes",
         metavar="N",
-        help="pack leaves of at most N bytes (default 1 MiB) into one file per process; "
-        "0 stores every leaf as its own zarr array, which Orbax restores too",
+        help="pack leaves whose shards are each of at most N bytes (default 4 MiB) into "
+        "one file per process; 0 stores every leaf as its own zarr array, which Orbax "
+        "restores too",
     ),
     argument(
         "--metric",
@@ -87,7 +88,7 @@ class SaveArgs:
     metrics: dict[str, float] = field(default_factory=dict)
     #: Force a save to the root (True), or follow the local tier's rule (None).
     persistent: bool | None = None
-    #: Leaves of at most this many bytes are packed (None: the default, 1 MiB).
+    #: Leaves whose shards are at most this many bytes are packed (None: 4 MiB).
     pack_bytes: int | None = None
 
 
