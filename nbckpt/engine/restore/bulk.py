@@ -11,8 +11,9 @@ spent about 90 µs of Python per leaf. :class:`BulkReads` reads all such leaves 
 restore together instead:
 
 - a local pack in stretches of at most :data:`STRETCH_BYTES`, one ``preadv`` each (a
-  pack's chunks lie end to end, in the order they were written); an object store's
-  with the pack source's own coalesced range requests;
+  pack's chunks lie end to end, in the order they were written), read ahead on a thread
+  while the stretch before is checked and placed; an object store's with the pack
+  source's own coalesced range requests;
 - each leaf's bytes are checked against their recorded checksum as a view of its
   stretch, before any value is used;
 - the leaves of a stretch go to their devices in one ``jax.device_put``.
@@ -23,10 +24,11 @@ bytes are named, and nothing is returned.
 
 from __future__ import annotations
 
-import contextlib
+import collections
 import math
 import os
-from collections.abc import Generator, Iterator
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,15 +44,18 @@ from nbckpt.errors import CorruptCheckpointError
 from nbckpt.formats import checksum as _checksum
 from nbckpt.formats.packs import PackedChunk
 
-__all__ = ["GAP_BYTES", "STRETCH_BYTES", "BulkChunk", "BulkLeaf", "BulkReads"]
+__all__ = ["GAP_BYTES", "READ_AHEAD", "STRETCH_BYTES", "BulkChunk", "BulkLeaf", "BulkReads"]
 
 #: A local pack is read in stretches of at most this many bytes (more for one larger
 #: chunk): large enough that a stretch costs one system call for hundreds of leaves,
-#: small enough that what a restore holds besides the leaves themselves stays small.
+#: small enough that what a restore holds besides the leaves themselves stays small
+#: (:data:`READ_AHEAD` more of them are read while one is placed).
 STRETCH_BYTES = 4 << 20
 #: Chunks less than this far apart in a pack are read with one request (the bytes in
 #: between, other processes' leaves, are read and dropped).
 GAP_BYTES = 64 << 10
+#: How many stretches are read ahead of the one being checked and placed.
+READ_AHEAD = 2
 
 
 @dataclass
@@ -187,9 +192,8 @@ class BulkReads:
             return
         parts = [(leaf, chunk) for leaf in self.leaves for chunk in leaf.chunks]
         if self.source.local:
-            with contextlib.closing(self._local(parts)) as stretches:
-                for buf, start, group in stretches:
-                    self._place([(leaf, c, _part(buf, start, c)) for leaf, c in group])
+            for buf, start, group in self._local(parts):
+                self._place([(leaf, c, _part(buf, start, c)) for leaf, c in group])
         else:
             self.source.fetch()
             self._place([(leaf, c, self._remote(leaf, c)) for leaf, c in parts])
@@ -203,26 +207,44 @@ class BulkReads:
         data = self.source.chunk_bytes(leaf.meta["name"], chunk.key, chunk.where)
         return np.frombuffer(data, np.uint8)
 
-    def _local(self, parts: list[_Part]) -> Generator[tuple[np.ndarray, int, list[_Part]]]:
-        """Each stretch read: its bytes, its first byte's offset, the chunks in it."""
+    def _local(self, parts: list[_Part]) -> Iterator[tuple[np.ndarray, int, list[_Part]]]:
+        """Each stretch read: its bytes, its first byte's offset, the chunks in it.
+
+        The next stretches are read on a thread of their own while the caller checks
+        and places this one: a cold read then waits for the disk and the CPU at once,
+        not one after the other. At most :data:`READ_AHEAD` stretches are held ahead.
+        """
         files: dict[str, int] = {}
+        plan = list(_stretches(parts))
+        pool = ThreadPoolExecutor(1, thread_name_prefix="nbckpt-pack-read")
+        ahead: collections.deque[Future[np.ndarray]] = collections.deque()
         try:
-            for file, start, stop, group in _stretches(parts):
-                fd = files.get(file)
-                if fd is None:
-                    try:
-                        fd = files[file] = os.open(str(self.source.directory / file), os.O_RDONLY)
-                    except FileNotFoundError:
-                        raise self._damaged(*group[0], f"its pack {file} is missing") from None
-                buf = np.empty(stop - start, np.uint8)
-                got = _pread_full(fd, buf, start)
-                for leaf, chunk in group:
-                    if chunk.where.offset + chunk.where.nbytes > start + got:
-                        raise self._damaged(leaf, chunk, f"its pack {file} is cut short")
-                yield buf, start, group
+            for i, (_, start, _, group) in enumerate(plan):
+                while len(ahead) <= READ_AHEAD and i + len(ahead) < len(plan):
+                    ahead.append(pool.submit(self._stretch, files, plan[i + len(ahead)]))
+                yield ahead.popleft().result(), start, group
         finally:
+            for fut in ahead:
+                fut.cancel()
+            pool.shutdown(wait=True)  # no read is left running on a closed descriptor
             for fd in files.values():
                 os.close(fd)
+
+    def _stretch(self, files: dict[str, int], stretch: _Stretch) -> np.ndarray:
+        """Read one stretch of a pack (on the read-ahead thread, which alone opens files)."""
+        file, start, stop, group = stretch
+        fd = files.get(file)
+        if fd is None:
+            try:
+                fd = files[file] = os.open(str(self.source.directory / file), os.O_RDONLY)
+            except FileNotFoundError:
+                raise self._damaged(*group[0], f"its pack {file} is missing") from None
+        buf = np.empty(stop - start, np.uint8)
+        got = _pread_full(fd, buf, start)
+        for leaf, chunk in group:
+            if chunk.where.offset + chunk.where.nbytes > start + got:
+                raise self._damaged(leaf, chunk, f"its pack {file} is cut short")
+        return buf
 
     def _damaged(self, leaf: BulkLeaf, chunk: BulkChunk, detail: str) -> CorruptCheckpointError:
         return self.source.damaged(leaf.meta["name"], chunk.key, detail)
@@ -264,6 +286,8 @@ class BulkReads:
 
 #: A chunk of a leaf, as the reads handle it.
 _Part = tuple[BulkLeaf, BulkChunk]
+#: A stretch of one pack read at once: (file, first byte, end, the chunks in it).
+_Stretch = tuple[str, int, int, list[_Part]]
 
 
 def _box(index: tuple[slice, ...], shape: tuple[int, ...]) -> Box:
@@ -284,7 +308,7 @@ def _part(buf: np.ndarray, start: int, chunk: BulkChunk) -> np.ndarray:
     return buf[first : first + chunk.where.nbytes]
 
 
-def _stretches(parts: list[_Part]) -> Iterator[tuple[str, int, int, list[_Part]]]:
+def _stretches(parts: list[_Part]) -> Iterator[_Stretch]:
     """Group the chunks into stretches of one pack: (file, first byte, end, chunks)."""
     ordered = sorted(parts, key=lambda p: (p[1].where.file, p[1].where.offset))
     group: list[_Part] = []
