@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import tensorstore as ts
@@ -250,9 +250,16 @@ class _Pack:
                 return pool.submit(self._write_file, directory / pack_file(process))
             finally:
                 pool.shutdown(wait=False)
-        blob = b"".join(p.tobytes() for p in self.parts)
+        # One buffer of the packed bytes, filled in place: joining ``tobytes()`` copies
+        # held a second copy of them all while it ran.
+        blob = bytearray(self.nbytes)
+        at = 0
+        for part in self.parts:
+            blob[at : at + part.nbytes] = part.reshape(-1).view(np.uint8).data
+            at += part.nbytes
         kv = ts.KvStore.open(storage.kvstore_spec(directory), context=context()).result()
-        return kv.write(pack_file(process), blob)
+        # tensorstore takes any bytes-like value; its stubs name bytes only.
+        return kv.write(pack_file(process), cast(bytes, blob))
 
     def _write_file(self, path: Path) -> None:
         path.parent.mkdir(exist_ok=True)
