@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,7 @@ __all__ = [
     "RESERVED_NAMES",
     "Leaf",
     "PathEntry",
+    "dtype_name",
     "flatten",
     "empty_value",
     "leaf_name",
@@ -172,31 +174,54 @@ def _plain_void(dtype: np.dtype[Any]) -> bool:
     return dtype.kind == "V" and issubclass(dtype.type, np.void)
 
 
-def _kind(value: Any, where: str) -> str:
+@functools.lru_cache(maxsize=256)
+def dtype_name(dtype: Any) -> str:
+    """Return ``np.dtype(dtype).name``, remembered.
+
+    NumPy builds the name in Python each time: a state of thousands of leaves paid for
+    it thousands of times per save.
+    """
+    return str(np.dtype(dtype).name)
+
+
+@functools.lru_cache(maxsize=256)
+def _extended(dtype: Any) -> bool:
+    """Whether ``dtype`` is one of jax's extended dtypes (asked once per dtype)."""
+    return bool(jax.numpy.issubdtype(dtype, jax.dtypes.extended))
+
+
+@functools.lru_cache(maxsize=256)
+def _prng_key(dtype: Any) -> bool:
+    """Whether ``dtype`` is a typed PRNG key's (asked once per dtype)."""
+    return bool(jax.numpy.issubdtype(dtype, jax.dtypes.prng_key))
+
+
+def _kind(value: Any, path: tuple[PathEntry, ...]) -> str:
     """Return the kind of a leaf, or raise TypeError if nbckpt cannot store it."""
     if isinstance(value, jax.Array):
-        if jax.numpy.issubdtype(value.dtype, jax.dtypes.extended):
+        if _extended(value.dtype):
             raise TypeError(
-                f"leaf {where} is a jax array of dtype {value.dtype}, which nbckpt cannot "
+                f"leaf {path_str(path)} is a jax array of dtype {value.dtype}, which nbckpt cannot "
                 "store; convert it to a numeric array before saving"
             )
         kind = "jax"
     elif isinstance(value, np.ndarray | np.generic):
         if value.dtype.hasobject or value.dtype.kind in "US" or _plain_void(value.dtype):
             raise TypeError(
-                f"leaf {where} has dtype {value.dtype}; nbckpt saves numeric and bool arrays only"
+                f"leaf {path_str(path)} has dtype {value.dtype}; nbckpt saves numeric and "
+                "bool arrays only"
             )
         kind = "numpy"
     elif isinstance(value, _SCALARS):
         return "scalar"
     else:
         raise TypeError(
-            f"leaf {where} is a {type(value).__name__}; nbckpt saves jax.Array, numpy "
+            f"leaf {path_str(path)} is a {type(value).__name__}; nbckpt saves jax.Array, numpy "
             "arrays and Python numbers (convert it, or leave it out of the tree)"
         )
     if not dtype_supported(np.dtype(value.dtype)):
         raise TypeError(
-            f"leaf {where} has dtype {value.dtype}, which a zarr array cannot hold; "
+            f"leaf {path_str(path)} has dtype {value.dtype}, which a zarr array cannot hold; "
             "convert it (for example to an integer count) before saving"
         )
     return kind
@@ -256,7 +281,9 @@ def flatten(tree: Any) -> list[Leaf]:
             f"cannot flatten the tree ({e}); does a dict mix key types, such as 1 and '1'?"
         ) from e
     leaves: list[Leaf] = []
-    seen: dict[str, str] = {}  # lower-cased name -> tree path of the leaf that has it
+    # Lower-cased name -> the path of the leaf that has it (made a string only for an
+    # error: most states never need one).
+    seen: dict[str, tuple[PathEntry, ...]] = {}
     for keys, value in flat:
         empty = _empty_node(value)
         if empty is not None:
@@ -265,16 +292,16 @@ def flatten(tree: Any) -> list[Leaf]:
             leaves.append(Leaf(name=leaf_name(path), path=path, kind=EMPTY, value=empty))
             continue
         path = _leaf_path(keys)
-        where = path_str(path)
         key_impl = None
-        if isinstance(value, jax.Array) and jax.numpy.issubdtype(value.dtype, jax.dtypes.prng_key):
+        if isinstance(value, jax.Array) and _prng_key(value.dtype):
             # Stored as its key data; restore wraps it again with the same implementation.
             key_impl = str(jax.random.key_impl(value))
             value = jax.random.key_data(value)
-        kind = _kind(value, where)
+        kind = _kind(value, path)
         name = leaf_name(path)
         size = len(name)  # ASCII: characters are bytes
         if size > NAME_MAX:
+            where = path_str(path)
             short = where if len(where) <= 100 else where[:97] + "..."
             raise ValueError(
                 f"leaf {short} would be stored under a name of {size} bytes (its keys "
@@ -285,17 +312,18 @@ def flatten(tree: Any) -> list[Leaf]:
         folded = name.lower()
         if folded in RESERVED_NAMES:
             raise ValueError(
-                f"leaf {where} would be stored as {name!r}, a name the step directory uses "
-                "for its own records; rename that key"
+                f"leaf {path_str(path)} would be stored as {name!r}, a name the step "
+                "directory uses for its own records; rename that key"
             )
         other = seen.get(folded)
         if other is not None:
-            same = "the same name" if other == where else "names that differ only in case"
+            where, before = path_str(path), path_str(other)
+            same = "the same name" if before == where else "names that differ only in case"
             raise ValueError(
-                f"leaves {other} and {where} would be stored under {same} ({name!r}): "
+                f"leaves {before} and {where} would be stored under {same} ({name!r}): "
                 "one would replace the other on a case-insensitive filesystem; rename one"
             )
-        seen[folded] = where
+        seen[folded] = path
         leaves.append(Leaf(name=name, path=path, kind=kind, value=value, key_impl=key_impl))
     return leaves
 

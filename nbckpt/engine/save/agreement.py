@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from nbckpt.engine.arrays.tree import Leaf
+from nbckpt.engine.arrays.tree import Leaf, dtype_name
 from nbckpt.errors import who
 
 __all__ = ["decision_of", "describe_leaves", "disagreement", "plan_digest", "save_plan"]
@@ -37,11 +37,12 @@ def _describe(leaf: Leaf) -> str:
         # A Python scalar (its type), or a node with no array (what it stands for).
         what = value if isinstance(value, str) else type(value).__name__
         return f"{what} {leaf.kind}"
-    shape = tuple(int(d) for d in getattr(value, "shape", np.shape(value)))
+    shape = getattr(value, "shape", None)
+    shape = np.shape(value) if shape is None else shape
     dtype = getattr(value, "dtype", None)
-    dtype = np.dtype(dtype) if dtype is not None else np.asarray(value).dtype
+    name = dtype_name(dtype if dtype is not None else np.asarray(value).dtype)
     impl = getattr(leaf, "key_impl", None)  # a typed PRNG key: its implementation too
-    return f"{dtype}{list(shape)} {leaf.kind}" + (f" key<{impl}>" if impl else "")
+    return f"{name}{[int(d) for d in shape]} {leaf.kind}" + (f" key<{impl}>" if impl else "")
 
 
 def describe_leaves(leaves: Sequence[Leaf]) -> dict[str, str]:

@@ -23,7 +23,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from nbckpt.engine.arrays.tree import EMPTY, Leaf, path_str
+from nbckpt.engine.arrays.tree import EMPTY, Leaf, dtype_name, path_str
 from nbckpt.engine.arrays.zarr import DEFAULT_CHUNK_BYTES, chunk_regions, chunk_shape
 from nbckpt.engine.save.hostmem import HostBuffers, Loan
 from nbckpt.formats.orbax_write import scalar_array_dtype
@@ -313,7 +313,7 @@ def _snapshot_leaf(
         dtype = dtype.newbyteorder("=")
     shape = tuple(int(s) for s in value.shape)
     meta["shape"] = list(shape)
-    meta["dtype"] = dtype.name
+    meta["dtype"] = dtype_name(dtype)
     if leaf.key_impl is not None:
         meta["key_impl"] = leaf.key_impl
     if leaf.kind == "jax":
