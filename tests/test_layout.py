@@ -101,3 +101,27 @@ def test_a_listed_steps_metadata_is_parsed_once_until_it_changes(tmp_path, monke
     (tmp_path / "other").write_text(good.replace("rename", "renamX"))
     os.replace(tmp_path / "other", meta)
     assert all_steps(tmp_path) == []
+
+
+def test_a_step_this_process_published_is_listed_without_parsing_its_metadata(
+    tmp_path, monkeypatch
+):
+    """The next save's preflight lists the root: the step just renamed is known complete.
+
+    Changed afterwards (cut short here), it is read again, and is no longer complete.
+    """
+    import numpy as np
+
+    from nbckpt.engine import AsyncCheckpointer
+    from nbckpt.formats import registry
+
+    with AsyncCheckpointer(tmp_path) as ck:
+        ck.save(1, {"w": np.arange(8.0)})
+        ck.wait_until_finished()
+    parsed = []
+    read = registry._renamed_save
+    monkeypatch.setattr(registry, "_renamed_save", lambda p: parsed.append(p) or read(p))
+    assert all_steps(tmp_path) == [1] and parsed == []
+    meta = tmp_path / "1" / "_NBCKPT_METADATA"
+    meta.write_text(meta.read_text()[:-10])
+    assert all_steps(tmp_path) == [] and len(parsed) == 1

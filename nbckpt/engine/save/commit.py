@@ -32,6 +32,7 @@ from nbckpt.formats.layout import (
     write_durable,
 )
 from nbckpt.formats.layout import entry_state as _entry_state
+from nbckpt.formats.registry import remember_published
 from nbckpt.protocol import COMMIT_FILE_MODE, RENAME, Mode
 from nbckpt.storage import Location
 
@@ -178,6 +179,7 @@ class RenameCommit:
             fsync_dir(root)
             storage.remove_tree(old)
         fsync_dir(root)
+        remember_published(final)
 
 
 class CommitFileCommit:
