@@ -159,3 +159,28 @@ def test_flatten_gives_safe_unique_names_or_refuses(tree):
             parts = name.split(".")
             keys = ["" if p == "%" else unquote(p, errors="surrogatepass") for p in parts]
             assert keys == _keys_of(leaf)
+
+
+def test_names_are_worked_out_once_per_structure_and_still_refuse(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A structure seen before reuses its names; its refusals and empty nodes still count."""
+    from nbckpt.engine.arrays import tree as tree_mod
+
+    first = tree_mod.flatten({"opt": {"mu": np.zeros(2), "nu": np.ones(2)}, "step": 3})
+    calls = []
+    made = jax.tree_util.tree_flatten_with_path
+    monkeypatch.setattr(
+        jax.tree_util, "tree_flatten_with_path", lambda *a, **k: calls.append(1) or made(*a, **k)
+    )
+    again = tree_mod.flatten({"opt": {"mu": np.ones(2), "nu": np.zeros(2)}, "step": 4})
+    assert [leaf.name for leaf in again] == [leaf.name for leaf in first] and not calls
+    assert again[0].value[0] == 1.0  # this call's values, not the first one's
+    clash = {"W": np.zeros(1), "w": np.zeros(1)}
+    for _ in range(2):  # the second time from what the first worked out
+        with pytest.raises(ValueError, match="differ only in case"):
+            tree_mod.flatten(clash)
+    # The same structure with an empty node where a clashing leaf was stores nothing
+    # under that name: nothing to refuse.
+    leaves = tree_mod.flatten({"W": None, "w": np.zeros(1)})
+    assert [leaf.kind for leaf in leaves] == [tree_mod.EMPTY, "numpy"]

@@ -274,58 +274,115 @@ def flatten(tree: Any) -> list[Leaf]:
         and one leaf would silently replace the other.
     """
     try:
-        flat, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=_is_empty)
+        values, treedef = jax.tree_util.tree_flatten(tree, is_leaf=_is_empty)
     except (TypeError, ValueError) as e:
         # jax says only "Comparator raised exception while sorting pytree dictionary keys".
         raise ValueError(
             f"cannot flatten the tree ({e}); does a dict mix key types, such as 1 and '1'?"
         ) from e
+    empties = [_empty_node(v) for v in values]
+    names = _names(tree, treedef, tuple(e is not None for e in empties))
     leaves: list[Leaf] = []
-    # Lower-cased name -> the path of the leaf that has it (made a string only for an
-    # error: most states never need one).
-    seen: dict[str, tuple[PathEntry, ...]] = {}
-    for keys, value in flat:
-        empty = _empty_node(value)
+    for i, (value, empty) in enumerate(zip(values, empties, strict=True)):
+        path, name = names.paths[i], names.names[i]
         if empty is not None:
-            path = _leaf_path(keys)
-            # Nothing is stored for it, so its name needs none of the checks below.
-            leaves.append(Leaf(name=leaf_name(path), path=path, kind=EMPTY, value=empty))
+            leaves.append(Leaf(name=name, path=path, kind=EMPTY, value=empty))
             continue
-        path = _leaf_path(keys)
         key_impl = None
         if isinstance(value, jax.Array) and _prng_key(value.dtype):
             # Stored as its key data; restore wraps it again with the same implementation.
             key_impl = str(jax.random.key_impl(value))
             value = jax.random.key_data(value)
         kind = _kind(value, path)
-        name = leaf_name(path)
-        size = len(name)  # ASCII: characters are bytes
-        if size > NAME_MAX:
-            where = path_str(path)
-            short = where if len(where) <= 100 else where[:97] + "..."
-            raise ValueError(
-                f"leaf {short} would be stored under a name of {size} bytes (its keys "
-                f"joined by '.', non-ASCII characters and punctuation percent-encoded), "
-                f"over the {NAME_MAX}-byte limit of a file name; shorten its keys or nest "
-                "the tree less deeply"
-            )
-        folded = name.lower()
-        if folded in RESERVED_NAMES:
-            raise ValueError(
-                f"leaf {path_str(path)} would be stored as {name!r}, a name the step "
-                "directory uses for its own records; rename that key"
-            )
-        other = seen.get(folded)
-        if other is not None:
-            where, before = path_str(path), path_str(other)
-            same = "the same name" if before == where else "names that differ only in case"
-            raise ValueError(
-                f"leaves {before} and {where} would be stored under {same} ({name!r}): "
-                "one would replace the other on a case-insensitive filesystem; rename one"
-            )
-        seen[folded] = path
+        if names.refused is not None and names.refused[0] == i:
+            raise names.refused[1]
         leaves.append(Leaf(name=name, path=path, kind=kind, value=value, key_impl=key_impl))
     return leaves
+
+
+class _NameError(ValueError):
+    """A leaf's name that the step directory cannot hold (see :func:`_names`)."""
+
+
+@dataclass(frozen=True)
+class _Names:
+    """The leaves' paths and names for one tree structure, and the first name refused."""
+
+    paths: list[tuple[PathEntry, ...]]
+    names: list[str]
+    #: The position of the first leaf whose name is refused, and the error to raise.
+    refused: tuple[int, _NameError] | None
+
+
+#: Names worked out per tree structure (and which of its leaves are empty nodes): a
+#: training loop saves the same structure every time, and a leaf's name costs some
+#: microseconds of Python, which a state of thousands of leaves paid at every save.
+_known_names: dict[tuple[Any, tuple[bool, ...]], _Names] = {}
+_KNOWN_MAX = 16
+
+
+def _names(tree: Any, treedef: Any, empty: tuple[bool, ...]) -> _Names:
+    """The paths and names of ``tree``'s leaves (``treedef`` its structure).
+
+    A name is checked unless its leaf is an empty node (nothing is stored for one):
+    at most :data:`NAME_MAX` bytes, none the step directory uses for its own records,
+    no two that differ at most in letter case.
+    """
+    key = (treedef, empty)
+    known = _known_names.get(key)
+    if known is not None:
+        return known
+    flat, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=_is_empty)
+    paths = [_leaf_path(keys) for keys, _ in flat]
+    names = [leaf_name(path) for path in paths]
+    refused = None
+    # Lower-cased name -> the path of the leaf that has it.
+    seen: dict[str, tuple[PathEntry, ...]] = {}
+    for i, (path, name) in enumerate(zip(paths, names, strict=True)):
+        if empty[i]:
+            continue
+        problem = _name_problem(path, name, seen.get(name.lower()))
+        if problem is not None:
+            refused = (i, problem)
+            break
+        seen[name.lower()] = path
+    known = _Names(paths, names, refused)
+    if len(_known_names) >= _KNOWN_MAX:
+        _known_names.clear()
+    _known_names[key] = known
+    return known
+
+
+def _name_problem(
+    path: tuple[PathEntry, ...], name: str, other: tuple[PathEntry, ...] | None
+) -> _NameError | None:
+    """Why the leaf at ``path`` cannot be stored as ``name``, or None.
+
+    ``other`` is the path of an earlier leaf whose name folds to the same, if any.
+    """
+    size = len(name)  # ASCII: characters are bytes
+    if size > NAME_MAX:
+        where = path_str(path)
+        short = where if len(where) <= 100 else where[:97] + "..."
+        return _NameError(
+            f"leaf {short} would be stored under a name of {size} bytes (its keys "
+            f"joined by '.', non-ASCII characters and punctuation percent-encoded), "
+            f"over the {NAME_MAX}-byte limit of a file name; shorten its keys or nest "
+            "the tree less deeply"
+        )
+    if name.lower() in RESERVED_NAMES:
+        return _NameError(
+            f"leaf {path_str(path)} would be stored as {name!r}, a name the step "
+            "directory uses for its own records; rename that key"
+        )
+    if other is not None:
+        where, before = path_str(path), path_str(other)
+        same = "the same name" if before == where else "names that differ only in case"
+        return _NameError(
+            f"leaves {before} and {where} would be stored under {same} ({name!r}): "
+            "one would replace the other on a case-insensitive filesystem; rename one"
+        )
+    return None
 
 
 #: What a restore without a target puts where an empty node was.
