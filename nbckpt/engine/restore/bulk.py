@@ -25,9 +25,10 @@ bytes are named, and nothing is returned.
 from __future__ import annotations
 
 import collections
+import contextlib
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -192,8 +193,11 @@ class BulkReads:
             return
         parts = [(leaf, chunk) for leaf in self.leaves for chunk in leaf.chunks]
         if self.source.local:
-            for buf, start, group in self._local(parts):
-                self._place([(leaf, c, _part(buf, start, c)) for leaf, c in group])
+            # Closed at once on a failure too: the read-ahead thread and the packs' file
+            # descriptors do not wait for the error's traceback to be let go.
+            with contextlib.closing(self._local(parts)) as stretches:
+                for buf, start, group in stretches:
+                    self._place([(leaf, c, _part(buf, start, c)) for leaf, c in group])
         else:
             self.source.fetch()
             self._place([(leaf, c, self._remote(leaf, c)) for leaf, c in parts])
@@ -207,7 +211,7 @@ class BulkReads:
         data = self.source.chunk_bytes(leaf.meta["name"], chunk.key, chunk.where)
         return np.frombuffer(data, np.uint8)
 
-    def _local(self, parts: list[_Part]) -> Iterator[tuple[np.ndarray, int, list[_Part]]]:
+    def _local(self, parts: list[_Part]) -> Generator[tuple[np.ndarray, int, list[_Part]]]:
         """Each stretch read: its bytes, its first byte's offset, the chunks in it.
 
         The next stretches are read on a thread of their own while the caller checks
