@@ -105,19 +105,40 @@ class _Option(Generic[T]):
     @overload
     def __get__(self, obj: None, owner: type) -> _Option[T]: ...
     @overload
-    def __get__(self, obj: JaxCluster, owner: type) -> T: ...
-    def __get__(self, obj: JaxCluster | None, owner: type) -> _Option[T] | T:
+    def __get__(self, obj: _Settings, owner: type) -> T: ...
+    def __get__(self, obj: _Settings | None, owner: type) -> _Option[T] | T:
         if obj is None:
             return self
         value: T = getattr(obj.options, self.name)
         return value
 
-    def __set__(self, obj: JaxCluster, value: T) -> None:
+    def __set__(self, obj: _Settings, value: T) -> None:
         changed: dict[str, Any] = {self.name: value}
         obj.options = replace(obj.options, **changed)
 
 
-class JaxCluster(Engines):
+class _Settings:
+    """A cluster's :class:`ClusterOptions`, each field an attribute, and what they decide."""
+
+    options: ClusterOptions
+    n = _Option[int]()
+    devices_per_process = _Option[int]()
+    coordinator_host: _Option[str | None] = _Option()
+    recoverable = _Option[bool]()
+    profile: _Option[str | None] = _Option()
+    engines = _Option[str]()
+    hosts: _Option[Sequence[str]] = _Option()
+    controller_ip: _Option[str | None] = _Option()
+    ssh_config: _Option[str | None] = _Option()
+    python: _Option[str | None] = _Option()
+
+    @property
+    def launcher(self) -> Launcher:
+        """How this cluster's engines start (:func:`~nbckpt.session.launch.launcher_for`)."""
+        return launcher_for(self.options)
+
+
+class JaxCluster(_Settings, Engines):
     """An ipyparallel cluster whose engines are joined by ``jax.distributed``.
 
     Every engine is one JAX process: its rank is its position in :attr:`engine_ids`,
@@ -137,17 +158,6 @@ class JaxCluster(Engines):
         Of a running cluster: its id, an ipyparallel client, and the ipyparallel
         ``Cluster`` if this kernel started it (:meth:`attach` passes the first two).
     """
-
-    n = _Option[int]()
-    devices_per_process = _Option[int]()
-    coordinator_host: _Option[str | None] = _Option()
-    recoverable = _Option[bool]()
-    profile: _Option[str | None] = _Option()
-    engines = _Option[str]()
-    hosts: _Option[Sequence[str]] = _Option()
-    controller_ip: _Option[str | None] = _Option()
-    ssh_config: _Option[str | None] = _Option()
-    python: _Option[str | None] = _Option()
 
     def __init__(
         self,
@@ -191,11 +201,6 @@ class JaxCluster(Engines):
         Known when this kernel submitted it (``engines="slurm"``); None otherwise.
         """
         return None if self.cluster is None else self.launcher.job(self.cluster)
-
-    @property
-    def launcher(self) -> Launcher:
-        """How this cluster's engines start (:func:`~nbckpt.session.launch.launcher_for`)."""
-        return launcher_for(self.options)
 
     def start(
         self, timeout_s: float = 120.0, report: Callable[[str], None] | None = None
