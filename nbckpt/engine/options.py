@@ -67,7 +67,9 @@ class CheckpointerOptions:
         bytes are packed, one file per process (:mod:`nbckpt.formats.packs`): a state
         of many small leaves, or of matrices split into small shards, is written and
         read with a few requests, not several per leaf. Orbax cannot read
-        packed leaves: 0 packs none, and then Orbax restores every step.
+        packed leaves: 0 packs none, and then Orbax restores every step. With a local
+        tier, only leaves of at most 1 MiB in all are packed (peers send a pack whole,
+        and a replaced host would fetch every pack holding a chunk it needs).
     keep_host_buffers
         Keep the host memory that a save copied its shards into for the next save
         (:mod:`nbckpt.engine.save.hostmem`): between saves a process then holds the

@@ -35,6 +35,7 @@ __all__ = [
     "PACK_KEY",
     "PackIndex",
     "PackedChunk",
+    "TIER_PACK_BYTES",
     "is_packed",
     "pack_entry",
     "pack_file",
@@ -48,6 +49,11 @@ __all__ = [
 #: whose matrices are split into shards of about 2 MiB): saves took 0.45-0.61 s with
 #: those shards packed and 0.55-1.9 s as chunk files; restores 0.29-0.38 s and 1.6 s.
 DEFAULT_PACK_BYTES = 4 << 20
+#: With a local tier, only leaves of at most this many bytes in all (and at most the
+#: save's ``pack_bytes``) are packed: peers send a pack whole, so a replaced host
+#: fetches every pack that holds a chunk it needs, and those should hold small leaves
+#: only, as before packing by shard.
+TIER_PACK_BYTES = 1 << 20
 #: The folder of a step that holds the packs.
 PACK_DIR = "_PACKED"
 #: The entry of a checksums file that indexes its process's pack.

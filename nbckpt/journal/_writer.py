@@ -216,8 +216,19 @@ class JournalWriter:
         """Close the file (write what is pending to the store); later events reopen it."""
         with self._lock:
             if self._file is not None:
-                self._file.close()
-                self._file = None
+                file, self._file = self._file, None
+                try:
+                    # Flushes what a failed write left buffered; closes the file either way.
+                    file.close()
+                except OSError as e:
+                    # A full disk fails the close too: the operation goes on, as for emit.
+                    if not self._broken:
+                        self._broken = True
+                        warnings.warn(
+                            f"nbckpt: cannot write journal {self.path} ({e})",
+                            RuntimeWarning,
+                            stacklevel=2,
+                        )
             if self._sink is not None and not self._broken:
                 try:
                     self._sink.close()

@@ -149,6 +149,7 @@ def take_snapshot(
     primary: int,
     pack_bytes: int = DEFAULT_PACK_BYTES,
     loan: Loan | None = None,
+    pack_by_shard: bool = True,
 ) -> Snapshot:
     """Build this process's snapshot of ``leaves``.
 
@@ -159,7 +160,10 @@ def take_snapshot(
     to each process (NumPy arrays, fully addressable jax arrays when several processes
     run) are taken to be the same everywhere and are written by the primary only.
     Leaves whose shards are each of at most ``pack_bytes`` are packed
-    (:mod:`nbckpt.formats.packs`); 0 packs none.
+    (:mod:`nbckpt.formats.packs`); 0 packs none. With ``pack_by_shard=False``, only
+    leaves of at most ``pack_bytes`` in all: a local tier's peers send a pack whole,
+    so a host replaced there would fetch every shard that shares a pack with one it
+    needs.
 
     Every shard of a jax array this process writes is copied to host memory before it
     returns (see the module's description): the arrays may be donated or deleted as
@@ -180,7 +184,15 @@ def take_snapshot(
             snap.empty.append({"path": [list(p) for p in leaf.path], "node": leaf.value})
             continue
         try:
-            _snapshot_leaf(snap, leaf, (process, process_count, primary), ordinal, pack_bytes, loan)
+            _snapshot_leaf(
+                snap,
+                leaf,
+                (process, process_count, primary),
+                ordinal,
+                pack_bytes,
+                loan,
+                pack_by_shard,
+            )
         except (ValueError, RuntimeError) as e:
             raise type(e)(f"cannot snapshot leaf {path_str(leaf.path)}: {e}") from e
     # Every copy to host was started above; waiting for them one by one overlaps them.
@@ -279,11 +291,13 @@ def _snapshot_leaf(
     ordinal: int,
     pack_bytes: int,
     loan: Loan,
+    by_shard: bool = True,
 ) -> None:
     """Add one leaf's metadata, and this process's writes of it, to ``snap``.
 
     ``job`` is (this process, the process count, the primary); ``ordinal`` the leaf's
-    position in the tree, the same on every process.
+    position in the tree, the same on every process; ``by_shard`` as
+    :func:`take_snapshot`'s ``pack_by_shard``.
     """
     process, process_count, primary = job
     meta: dict[str, Any] = {
@@ -325,7 +339,7 @@ def _snapshot_leaf(
         sharding = value.sharding
         meta["sharding"] = describe_sharding(sharding)
         shard_shape = sharding.shard_shape(shape)
-        _pack_if_small(meta, shard_shape, dtype.itemsize, pack_bytes)
+        _pack_if_small(meta, shard_shape if by_shard else shape, dtype.itemsize, pack_bytes)
         local = process_count > 1 and value.is_fully_addressable
         # Replicas of one shard split its chunks among them, so a replicated leaf is
         # written once per job by every process that holds it, not by one alone.

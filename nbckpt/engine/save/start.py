@@ -25,6 +25,7 @@ from nbckpt.engine.sync import preemption
 from nbckpt.engine.tiers.local import LocalTier
 from nbckpt.errors import CheckpointError
 from nbckpt.formats.layout import is_complete, step_dir
+from nbckpt.formats.packs import TIER_PACK_BYTES
 from nbckpt.formats.retention import check_metrics
 from nbckpt.journal import JournalWriter
 from nbckpt.protocol import Event, Kind, Mode, Phase, check_timeout
@@ -77,6 +78,8 @@ def start_save(
     if tier is None:
         persistent = True  # without a local tier, the root is the only place
     packing = options.pack_bytes if pack_bytes is None else check_pack_bytes(pack_bytes)
+    if tier is not None:
+        packing = min(packing, TIER_PACK_BYTES)  # whole leaves only (see take_snapshot)
     arrays = format_for(format or options.format, packing)
     timeout = check_timeout(timeout_s or options.timeout_s, "timeout_s")
     local: BaseException | None = None
@@ -89,6 +92,8 @@ def start_save(
         leaves,
         format=arrays.name,
         pack_bytes=arrays.pack_bytes,
+        # What gets packed depends on it: every process must decide alike.
+        pack_by_shard=tier is None,
         mode=strategy.mode,
         force=force,
         timeout_s=timeout,
@@ -132,6 +137,8 @@ def start_save(
             primary=ctx.primary,
             pack_bytes=arrays.pack_bytes,
             loan=loan,
+            # A local tier's peers send packs whole (see take_snapshot).
+            pack_by_shard=tier is None,
         )
     except Exception as e:
         loan.end(ok=False)

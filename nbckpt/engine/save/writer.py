@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import math
 import os
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -91,7 +92,8 @@ def write_shards(
 
     All chunk writes are issued at once so tensorstore overlaps them; each completes
     only once its file is fsync'd. ``progress`` receives the bytes durable so far
-    (chunks counted in the order they were issued), as :class:`ProgressReport` says:
+    (chunks counted in the order they were issued; a local pack's pieces as they are
+    written to its file, which is fsync'd before the phase ends), as :class:`ProgressReport` says:
     after each eighth of the bytes, and at least every ``progress_interval_s`` while
     chunks complete, from the first one on (also while later writes are still being
     issued); ``write_done`` carries the last count. ``watch`` runs every
@@ -114,7 +116,8 @@ def write_shards(
     Under an injected slowdown (``%ckpt_fault slow-io``, :func:`hooks.io_slowdown`
     ``factor`` > 1) the chunks are written one at a time instead, and after each one
     the writer sleeps ``factor - 1`` times as long as that chunk took: the write phase
-    then takes ``factor`` times as long as writing its chunks one by one. (Stretching
+    then takes ``factor`` times as long as writing its chunks one by one; so does the
+    pack, after which the writer sleeps ``factor - 1`` times as long as it took. (Stretching
     the time between completions of writes issued together would not: the writes in
     flight complete during the sleep, and the stretch is lost.)
 
@@ -140,6 +143,12 @@ def write_shards(
     slowdown = hooks.io_slowdown()
     waiter = _Waiter(watch, watch_interval_s)
     report = ProgressReport(progress, snap.nbytes, interval_s=progress_interval_s)
+    counting = threading.Lock()
+
+    def count(nbytes: int) -> None:  # also on the pack's own thread
+        with counting:
+            report.add(nbytes)
+
     #: Writes not issued yet (slowed down only), and writes in flight, in issue order.
     deferred: list[tuple[Any, Any, int]] = []
     pending: list[tuple[Any, int]] = []
@@ -179,19 +188,27 @@ def write_shards(
                 # Issuing (host copies, checksums) can take seconds: report what completed.
                 while counted < len(pending) and pending[counted][0].done():
                     pending[counted][0].result()
-                    report.add(pending[counted][1])
+                    count(pending[counted][1])
                     counted += 1
+        packed_at = None
         if pack:
             if process is None or checksums is None:
                 raise ValueError("packed leaves need the writing process and a checksums file")
             pack.seal()
-            pending.append((pack.write(directory, process), pack.nbytes))
+            packed_at = time.monotonic()
+            # A local pack counts its parts as it writes them; an object, once it is put.
+            on_disk = isinstance(directory, Path)
+            written = pack.write(directory, process, count if on_disk else None)
+            pending.append((written, 0 if on_disk else pack.nbytes))
             checksums[PACK_KEY] = pack_entry(process, pack.index)
         if issued is not None:
             issued()
         for fut, nbytes in pending[counted:]:
             waiter.wait(fut)
-            report.add(nbytes)
+            count(nbytes)
+        if packed_at is not None and slowdown > 1:
+            # Fault injection: the pack, one write, takes ``slowdown`` times as long too.
+            waiter.sleep((slowdown - 1) * (time.monotonic() - packed_at))
         for target, part, nbytes in deferred:
             t0 = time.monotonic()
             fut = target.write(part, can_reference_source_data_indefinitely=True)
@@ -199,7 +216,7 @@ def write_shards(
             waiter.wait(fut)
             # Fault injection: this chunk takes ``slowdown`` times as long as it did.
             waiter.sleep((slowdown - 1) * (time.monotonic() - t0))
-            report.add(nbytes)
+            count(nbytes)
     except BaseException:
         # Writes still in flight would land after this save gave up, into a directory
         # that a retry of the step may own by then: none may outlive the failure.
@@ -237,17 +254,20 @@ class _Pack:
             self.parts.append(data)
             self.nbytes += data.nbytes
 
-    def write(self, directory: Location, process: int) -> Any:
+    def write(
+        self, directory: Location, process: int, progress: Callable[[int], None] | None = None
+    ) -> Any:
         """Start writing the pack (fsync'd before the returned future completes).
 
         A local file is written piece by piece from the snapshot's buffers, on a
-        thread of its own: no copy of the packed bytes is made. An object is one
-        request, of their concatenation.
+        thread of its own: no copy of the packed bytes is made; ``progress`` gets
+        each piece's bytes once written to the file (the fsync at the end makes them
+        durable). An object is one request, of their concatenation.
         """
         if isinstance(directory, Path):
             pool = ThreadPoolExecutor(1, thread_name_prefix="nbckpt-pack")
             try:
-                return pool.submit(self._write_file, directory / pack_file(process))
+                return pool.submit(self._write_file, directory / pack_file(process), progress)
             finally:
                 pool.shutdown(wait=False)
         # One buffer of the packed bytes, filled in place: joining ``tobytes()`` copies
@@ -261,14 +281,23 @@ class _Pack:
         # tensorstore takes any bytes-like value; its stubs name bytes only.
         return kv.write(pack_file(process), cast(bytes, blob))
 
-    def _write_file(self, path: Path) -> None:
+    def _write_file(self, path: Path, progress: Callable[[int], None] | None) -> None:
         path.parent.mkdir(exist_ok=True)
-        with open(path, "wb") as f:
-            for part in self.parts:
-                f.write(part.reshape(-1).view(np.uint8).data)
-            f.flush()
-            # Its directory entry is made durable with the step's (seal_tree).
-            os.fsync(f.fileno())
+        try:
+            with open(path, "wb") as f:
+                for part in self.parts:
+                    f.write(part.reshape(-1).view(np.uint8).data)
+                    if progress is not None:
+                        progress(part.nbytes)
+                f.flush()
+                # Its directory entry is made durable with the step's (seal_tree).
+                os.fsync(f.fileno())
+        except BaseException:
+            # What a full disk let through is of no use, and holds the space the
+            # journal and the next save need: this save made the file, and drops it.
+            with contextlib.suppress(OSError):
+                path.unlink()
+            raise
 
 
 #: How long a failed write waits for the chunk writes it had issued to settle.

@@ -53,7 +53,8 @@ SAVE: Final = MagicArgs(
     argument(
         "--pack-bytes",
         metavar="N",
-        help="pack leaves whose shards are each of at most N bytes (default 4 MiB) into "
+        help="pack leaves whose shards are each of at most N bytes (default 4 MiB; with a "
+        "local tier, leaves of at most 1 MiB) into "
         "one file per process; 0 stores every leaf as its own zarr array, which Orbax "
         "restores too",
     ),
