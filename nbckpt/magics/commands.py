@@ -139,10 +139,9 @@ class NbckptMagics(InspectionMagics, TierMagics):
         written. A step another save is writing is refused, naming it; so is a step
         older than the newest one (``%ckpt_rollback STEP`` first). With a local tier
         (``%ckpt_tiers``), ``--persistent`` sends this step to the root too. Leaves
-        whose shards are each of at most 4 MiB (with a local tier, leaves of at most
-        1 MiB) are packed, one file per process;
-        ``--pack-bytes 0`` stores each leaf as its own zarr array, so that Orbax can
-        restore the step.
+        whose shards are at most 4 MiB (with a local tier, leaves of at most 1 MiB)
+        are packed, one file per process; ``--pack-bytes 0`` stores each leaf as its
+        own zarr array, so that Orbax can restore the step.
         """
         args = a.parse_save_args(line)
         client = self._client()

@@ -78,8 +78,10 @@ def start_save(
     if tier is None:
         persistent = True  # without a local tier, the root is the only place
     packing = options.pack_bytes if pack_bytes is None else check_pack_bytes(pack_bytes)
-    if tier is not None:
-        packing = min(packing, TIER_PACK_BYTES)  # whole leaves only (see take_snapshot)
+    # A local tier's peers send packs whole: there, small whole leaves only (take_snapshot).
+    by_shard = tier is None
+    if not by_shard:
+        packing = min(packing, TIER_PACK_BYTES)
     arrays = format_for(format or options.format, packing)
     timeout = check_timeout(timeout_s or options.timeout_s, "timeout_s")
     local: BaseException | None = None
@@ -93,7 +95,7 @@ def start_save(
         format=arrays.name,
         pack_bytes=arrays.pack_bytes,
         # What gets packed depends on it: every process must decide alike.
-        pack_by_shard=tier is None,
+        pack_by_shard=by_shard,
         mode=strategy.mode,
         force=force,
         timeout_s=timeout,
@@ -137,8 +139,7 @@ def start_save(
             primary=ctx.primary,
             pack_bytes=arrays.pack_bytes,
             loan=loan,
-            # A local tier's peers send packs whole (see take_snapshot).
-            pack_by_shard=tier is None,
+            pack_by_shard=by_shard,
         )
     except Exception as e:
         loan.end(ok=False)
