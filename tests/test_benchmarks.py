@@ -107,6 +107,24 @@ def test_orbax_format_quick_reports_every_system(tmp_path):
     assert not list(tmp_path.glob("nbckpt-orbax-format-*")), "the scratch directory was left behind"
 
 
+def test_journal_summary_gathers_every_record_and_leaves_only_the_summary():
+    # The script checks itself that only the summary is left after each gathering.
+    script = COMPARE.with_name("journal_summary.py")
+    proc = subprocess.run(
+        [sys.executable, str(script), "--processes", "3,20", "--reps", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [
+        line
+        for line in proc.stdout.splitlines()
+        if line.startswith("| 3 |") or line.startswith("| 20 |")
+    ]
+    assert len(rows) == 2 and all(row.count("|") == 6 for row in rows), proc.stdout
+
+
 @pytest.mark.parametrize("store", ["moto", "gcs"])
 def test_object_store_quick_reports_both_systems(store):
     # The script starts its own server (the dev extra has them), as the storage tests do.

@@ -232,7 +232,9 @@ class ObjectPath(Backend):
 
     def unlink(self, missing_ok: bool = False) -> None:
         """Delete this object (deleting a missing object is not an error)."""
-        self._call("delete", lambda store: store.delete_range(_exact(self.key)))
+        # One DELETE request; a one-key range would list the key first (two requests,
+        # which doubled the time a summary of 1,024 journal records took on S3).
+        self._call("delete", lambda store: store.write(self.key, None))
 
     def is_file(self) -> bool:
         """Whether an object has exactly this key."""
