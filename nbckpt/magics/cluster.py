@@ -3,7 +3,8 @@
 A cluster is many processes: a start that fails after the controller and engines run
 must not leave them where ``%ckpt_cluster stop`` cannot see them. So the checkpoint
 root is checked before anything starts (:func:`check_start_root`), and a start that
-fails after its processes run stops them (:func:`start_cluster`). :func:`guard_px`
+fails after its processes run stops them (:func:`start_cluster`, and
+:func:`open_session` for the client made after it). :func:`guard_px`
 makes ``%px`` say which process died, and how to go on, instead of ipyparallel's
 ``KeyError`` for an engine it no longer knows.
 """
@@ -20,9 +21,17 @@ from IPython.core.error import UsageError
 
 from nbckpt.magics import args as a
 from nbckpt.session import location
+from nbckpt.session.client import CheckpointClient, announce_root
 from nbckpt.session.cluster import JaxCluster, which_cluster
 
-__all__ = ["check_start_root", "guard_px", "hosts_text", "start_cluster", "status_text"]
+__all__ = [
+    "check_start_root",
+    "guard_px",
+    "hosts_text",
+    "open_session",
+    "start_cluster",
+    "status_text",
+]
 
 
 def _local_root_problem(path: Path) -> str | None:
@@ -95,6 +104,30 @@ def start_cluster(args: a.ClusterArgs) -> JaxCluster:
         coordinator_host=args.options.coordinator_host,
         timeout_s=args.timeout_s,
     )
+
+
+def open_session(args: a.ClusterArgs) -> tuple[JaxCluster, CheckpointClient]:
+    """Check the root, start or attach to the cluster, and make its client.
+
+    Raises what failed; a cluster this call started is stopped first, so that nbckpt
+    never loses track of processes it started.
+    """
+    # Checked before anything starts: a bad root must not leave processes behind.
+    # Attached engines may run elsewhere: their root is theirs to check.
+    engines = args.options.engines if args.action == "start" else ""
+    root = check_start_root(args.directory, engines)
+    cluster = start_cluster(args)  # stops what it started if it fails
+    try:
+        client = CheckpointClient(cluster, root)
+        cluster.register_root(client.directory)  # the lab sidebar offers this root
+        if client.directory is not None:  # %%px loops save where the notebook looks
+            announce_root(cluster, client.directory)
+        cluster.activate_px()  # %px waits for the engines and shows their output
+    except BaseException:
+        if args.action == "start":
+            cluster.stop()
+        raise
+    return cluster, client
 
 
 def guard_px(shell: Any, cluster_of: Callable[[], JaxCluster | None]) -> None:

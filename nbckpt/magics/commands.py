@@ -19,12 +19,7 @@ from IPython.core.magic import line_magic, magics_class
 from nbckpt.magics import args as a
 from nbckpt.magics import errors as _magic_errors
 from nbckpt.magics.base import NO_CLUSTER, usage_errors
-from nbckpt.magics.cluster import (
-    check_start_root,
-    guard_px,
-    hosts_text,
-    start_cluster,
-)
+from nbckpt.magics.cluster import guard_px, hosts_text, open_session
 from nbckpt.magics.inspection import LINE_MAGICS, InspectionMagics
 from nbckpt.magics.rollback import ROLLBACK, parse_rollback_args
 from nbckpt.magics.tiers import TIER_MAGICS, TierMagics
@@ -58,8 +53,7 @@ class NbckptMagics(InspectionMagics, TierMagics):
         process, and stops what it started if it fails later; with ``--dir D`` every
         engine gets ``D`` as ``NBCKPT_DIR`` (the default root of ``AsyncCheckpointer()``
         and ``TrainingCheckpointer()`` there) and as ``CKPT_DIR`` in ``%%px`` cells.
-        After a process died,
-        ``%px`` says which one, and that ``restart`` is the way on.
+        After a process died, ``%px`` says which one, and that ``restart`` is the way on.
         """
         args = a.parse_cluster_args(line)
         if args.action in ("start", "attach"):
@@ -94,21 +88,7 @@ class NbckptMagics(InspectionMagics, TierMagics):
     def _start(self, args: a.ClusterArgs) -> None:
         if self.cluster is not None:
             raise UsageError("a cluster is running already; %ckpt_cluster stop it first")
-        # Checked before anything starts: a bad root must not leave processes behind.
-        # Attached engines may run elsewhere: their root is theirs to check.
-        engines = args.options.engines if args.action == "start" else ""
-        root = check_start_root(args.directory, engines)
-        cluster = start_cluster(args)  # stops what it started if it fails
-        try:
-            client = CheckpointClient(cluster, root)
-            cluster.register_root(client.directory)  # the lab sidebar offers this root
-            if client.directory is not None:  # %%px loops save where the notebook looks
-                announce_root(cluster, client.directory)
-            cluster.activate_px()  # %px waits for the engines and shows their output
-        except BaseException:
-            if args.action == "start":  # never lose track of processes nbckpt started
-                cluster.stop()
-            raise
+        cluster, client = open_session(args)
         self.cluster, self.client = cluster, client
         _magic_errors.install(self.shell)  # ipyparallel's RemoteError is imported now
         guard_px(self.shell, lambda: self.cluster)

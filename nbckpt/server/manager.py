@@ -106,6 +106,14 @@ def _unread_cluster(record: ClusterRecord) -> ClusterRoot:
     }
 
 
+def _outside(root: str, root_dir: Path) -> str:
+    """Why ``root`` is refused: it lies outside the server's root ``root_dir``."""
+    return (
+        f"root {root!r} is outside the server's root {str(root_dir)!r}: open a "
+        "root under it, or start JupyterLab from a directory that holds this one"
+    )
+
+
 class CheckpointManager:
     """Answer questions about checkpoint roots under one directory.
 
@@ -164,7 +172,7 @@ class CheckpointManager:
         path = Path(os.path.expanduser(rel))
         real = Path(os.path.realpath(path if path.is_absolute() else self.root_dir / path))
         if not self._inside(real):
-            raise ForbiddenPathError(self._outside(root))
+            raise ForbiddenPathError(_outside(root, self.root_dir))
         if not real.is_dir():
             raise NotFoundError(f"no directory {root!r} under the server's root")
         return real
@@ -190,14 +198,8 @@ class CheckpointManager:
     def relative_or_refuse(self, path: Path) -> str:
         """``path`` relative to the root directory, or a 403 if it is outside."""
         if not self._inside(path):
-            raise ForbiddenPathError(self._outside(str(path)))
+            raise ForbiddenPathError(_outside(str(path), self.root_dir))
         return self.relative(path)
-
-    def _outside(self, root: str) -> str:
-        return (
-            f"root {root!r} is outside the server's root {str(self.root_dir)!r}: open a "
-            "root under it, or start JupyterLab from a directory that holds this one"
-        )
 
     def _inside(self, path: Location) -> bool:
         if not isinstance(path, Path):
@@ -347,7 +349,7 @@ class CheckpointManager:
                 # directory, and can still be opened (it shows its first save).
                 real = Path(os.path.realpath(record.root))
                 if not self._inside(real):
-                    raise ForbiddenPathError(self._outside(record.root))
+                    raise ForbiddenPathError(_outside(record.root, self.root_dir))
             entry["root"], entry["openable"] = self.relative(real), True
             if isinstance(real, Path) and not real.is_dir():
                 entry["reason"] = "nothing saved there yet"
