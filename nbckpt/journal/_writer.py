@@ -204,13 +204,7 @@ class JournalWriter:
                 self._file.write(line)
                 self._file.flush()
             except OSError as e:
-                self._broken = True
-                warnings.warn(
-                    f"nbckpt: cannot write journal {self.path} ({e}); the operation goes "
-                    "on without a history",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
+                self._give_up(e, "; the operation goes on without a history")
 
     def close(self) -> None:
         """Close the file (write what is pending to the store); later events reopen it."""
@@ -222,20 +216,19 @@ class JournalWriter:
                     file.close()
                 except OSError as e:
                     # A full disk fails the close too: the operation goes on, as for emit.
-                    if not self._broken:
-                        self._broken = True
-                        warnings.warn(
-                            f"nbckpt: cannot write journal {self.path} ({e})",
-                            RuntimeWarning,
-                            stacklevel=2,
-                        )
+                    self._give_up(e)
             if self._sink is not None and not self._broken:
                 try:
                     self._sink.close()
                 except OSError as e:
-                    self._broken = True
-                    warnings.warn(
-                        f"nbckpt: cannot write journal {self.path} ({e})",
-                        RuntimeWarning,
-                        stacklevel=2,
-                    )
+                    self._give_up(e)
+
+    def _give_up(self, e: OSError, after: str = "") -> None:
+        """Write no more of this journal, and say so once (the caller holds the lock)."""
+        if not self._broken:
+            self._broken = True
+            warnings.warn(
+                f"nbckpt: cannot write journal {self.path} ({e}){after}",
+                RuntimeWarning,
+                stacklevel=3,  # the caller of emit or close
+            )
