@@ -117,6 +117,10 @@ class PackedSource:
         """Nothing: the chunks are checked against their recorded checksums."""
         return None
 
+    def chunk_files(self, name: str) -> Path | None:
+        """A leaf that is not packed: its array's chunk files; a packed one: None."""
+        return None if name in self._leaves else self._arrays.chunk_files(name)
+
     def _chunks(
         self, name: str, boxes: Sequence[Box] | None
     ) -> Iterable[tuple[tuple[slice, ...], PackedChunk | None]]:

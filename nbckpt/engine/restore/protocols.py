@@ -8,6 +8,7 @@ Its own module so that the sources (:mod:`~nbckpt.engine.restore.sources`), the 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Protocol
 
 import tensorstore as ts
@@ -42,4 +43,12 @@ class ArraySource(Protocol):
 
     def note(self) -> str | None:
         """What an error about this source's data should add, if anything."""
+        ...
+
+    def chunk_files(self, name: str) -> Path | None:
+        """The local directory of leaf ``name``'s chunk files, each a chunk's raw bytes.
+
+        None where chunks are not plain local files of their own (an object store,
+        Orbax's layouts, a packed leaf): they are then read with tensorstore.
+        """
         ...

@@ -31,6 +31,7 @@ import tensorstore as ts
 
 from nbckpt.engine.arrays.tree import path_str
 from nbckpt.engine.arrays.zarr import chunk_key, chunk_regions
+from nbckpt.engine.restore import chunkfiles
 from nbckpt.engine.restore.hostshare import HostRegion, holder_rows
 from nbckpt.engine.restore.protocols import ArraySource, Box
 from nbckpt.engine.restore.targets import check_x64, convert, weaken
@@ -272,8 +273,14 @@ class LeafRead:
                 read.future = Future()
                 read.future.set_result(None)
             elif store is not None and (read.region is None or read.buf.size):
-                dst = ts.array(read.buf, copy=False, write=True)
-                read.future = dst.write(store[_slices(read.box)])
+                # A slab of a host-shared region is part of a chunk: tensorstore reads it.
+                folder = None if read.region is not None else self.source.chunk_files(self.name)
+                read.future = folder and chunkfiles.read_region(
+                    folder, store, read.box, self.shape, self.chunks, read.buf
+                )
+                if read.future is None:
+                    dst = ts.array(read.buf, copy=False, write=True)
+                    read.future = dst.write(store[_slices(read.box)])
             else:  # an empty slab: the other holders read the whole region
                 read.future = Future()
                 read.future.set_result(None)

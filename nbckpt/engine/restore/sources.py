@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import tensorstore as ts
@@ -53,6 +54,10 @@ class Zarr2Source:
     def note(self) -> str | None:
         """Nothing: nbckpt's chunks are checked against their recorded checksums."""
         return None
+
+    def chunk_files(self, name: str) -> Path | None:
+        """The array's directory, on a local disk (its chunks are stored raw)."""
+        return self.directory / name if isinstance(self.directory, Path) else None
 
 
 @dataclass(frozen=True)
@@ -106,6 +111,10 @@ class OrbaxSource:
     def note(self) -> str | None:
         """For Orbax's data: that it carries no checksums."""
         return ORBAX_UNVERIFIED if self.orbax else None
+
+    def chunk_files(self, name: str) -> Path | None:
+        """None: Orbax's layouts are read with tensorstore."""
+        return None
 
 
 def source_for(
