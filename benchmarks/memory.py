@@ -23,7 +23,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path[:0] = [str(HERE), str(REPO)]
 
-from compare import ENV, fmt_size, parse_size  # noqa: E402
+from _compare_report import fmt_size, parse_size  # noqa: E402
+from compare import ENV  # noqa: E402
 from engine_bench import scratch_dir  # noqa: E402
 
 from nbckpt.procgroup import ProcessGroup  # noqa: E402

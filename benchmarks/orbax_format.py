@@ -37,7 +37,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path[:0] = [str(HERE), str(REPO)]
 
-from compare import fmt_size, gbps, group_of, med, parse_size, ratio, remove  # noqa: E402
+from _compare_report import fmt_size, gbps, med, parse_size, ratio  # noqa: E402
+from compare import group_of, remove  # noqa: E402
 from engine_bench import drop_cache, scratch_dir  # noqa: E402
 
 from nbckpt.procgroup import ProcessGroup  # noqa: E402

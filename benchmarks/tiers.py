@@ -41,7 +41,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path[:0] = [str(HERE), str(REPO)]
 
-from compare import fmt_size, group_of, parse_size  # noqa: E402
+from _compare_report import fmt_size, parse_size  # noqa: E402
+from compare import group_of  # noqa: E402
 from engine_bench import drop_cache, scratch_dir  # noqa: E402
 
 from nbckpt import storage  # noqa: E402
