@@ -37,6 +37,7 @@ import jax
 import numpy as np
 
 from nbckpt.engine.arrays.zarr import chunk_key
+from nbckpt.engine.restore.chunkfiles import pread_full
 from nbckpt.engine.restore.packed import PackedSource
 from nbckpt.engine.restore.protocols import Box
 from nbckpt.engine.restore.reads import leaf_value
@@ -244,7 +245,7 @@ class BulkReads:
             except FileNotFoundError:
                 raise self._damaged(*group[0], f"its pack {file} is missing") from None
         buf = np.empty(stop - start, np.uint8)
-        got = _pread_full(fd, buf, start)
+        got = pread_full(fd, buf, start)
         for leaf, chunk in group:
             if chunk.where.offset + chunk.where.nbytes > start + got:
                 raise self._damaged(leaf, chunk, f"its pack {file} is cut short")
@@ -334,15 +335,3 @@ def _stretches(parts: list[_Part]) -> Iterator[_Stretch]:
         group, file, start, stop = [part], w.file, w.offset, end
     if group:
         yield file, start, stop, group
-
-
-def _pread_full(fd: int, buf: np.ndarray, offset: int) -> int:
-    """Read ``buf``'s size from ``offset`` (fewer only at the file's end); the bytes read."""
-    view = buf.data
-    done = 0
-    while done < len(view):
-        got = os.preadv(fd, [view[done:]], offset + done)
-        if got == 0:
-            break
-        done += got
-    return done

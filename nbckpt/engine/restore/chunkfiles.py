@@ -28,7 +28,6 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import tensorstore as ts
@@ -36,7 +35,7 @@ import tensorstore as ts
 from nbckpt.engine.arrays.zarr import chunk_key, chunk_regions
 from nbckpt.engine.restore.protocols import Box
 
-__all__ = ["THREADS", "is_raw", "read_region"]
+__all__ = ["THREADS", "is_raw", "pread_full", "read_region"]
 
 
 def _threads_for(cores: int) -> int:
@@ -193,7 +192,7 @@ def _threads() -> ThreadPoolExecutor:
 
 
 def _read(
-    path: Path, store: ts.TensorStore, glob: tuple[slice, ...], part: np.ndarray, into: Any
+    path: Path, store: ts.TensorStore, glob: tuple[slice, ...], part: np.ndarray, into: np.ndarray
 ) -> None:
     """Read one chunk: its file into ``into``, else with tensorstore into ``part``."""
     if not _read_file(path, into):
@@ -201,24 +200,27 @@ def _read(
         ts.array(part, copy=False, write=True).write(store[glob]).result()
 
 
-def _read_file(path: Path, into: Any) -> bool:
+def _read_file(path: Path, into: np.ndarray) -> bool:
     """Fill ``into`` from the file at ``path``; False if it is missing, the wrong size, or fails."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
         return False
     try:
-        size = into.nbytes
-        if os.fstat(fd).st_size != size:
-            return False
-        done = 0
-        while done < size:
-            got = os.preadv(fd, [into[done:].data], done)
-            if got <= 0:
-                return False
-            done += got
-        return True
+        return os.fstat(fd).st_size == into.nbytes and pread_full(fd, into, 0) == into.nbytes
     except OSError:
         return False
     finally:
         os.close(fd)
+
+
+def pread_full(fd: int, buf: np.ndarray, offset: int) -> int:
+    """Read ``buf``'s size from ``offset`` (fewer only at the file's end); the bytes read."""
+    view = buf.data
+    done = 0
+    while done < len(view):
+        got = os.preadv(fd, [view[done:]], offset + done)
+        if got == 0:
+            break
+        done += got
+    return done
