@@ -4,6 +4,7 @@
 their first axis over a 1-D mesh of all devices. ``small``: compare.py's optimizer-like
 tree (params, mu and nu: each an embedding and a head kernel, sharded, and 64 layers of
 bias and scale of 1-64 KiB, replicated), two 0-d arrays and two Python scalars.
+``transformer``: compare.py's (:mod:`_states`), 442 leaves, matrices sharded.
 """
 
 from __future__ import annotations
@@ -59,6 +60,22 @@ def small_specs(nbytes: int, n: int) -> list[Spec]:
             out += [((*group, f"layer_{i}", "bias"), (int(bias) * 256,), f32, False)]
             out += [((*group, f"layer_{i}", "scale"), (int(scale) * 256,), f32, False)]
     return [*out, (("opt_state", "count"), (), i32, False), (("loss_scale",), (), f32, False)]
+
+
+def transformer_specs(nbytes: int, n: int) -> list[Spec]:
+    """compare.py's ``transformer``: a 12-layer model's parameters, AdamW's mu and nu.
+
+    Matrices sharded on their first axis, vectors replicated, and the step count: 442
+    leaves of about ``nbytes`` in all.
+    """
+    from _states import TRANSFORMER_LAYERS, param_shapes, width_for
+
+    f32 = np.dtype(np.float32)
+    shapes = param_shapes(width_for(nbytes, TRANSFORMER_LAYERS, 8 * n), TRANSFORMER_LAYERS)
+    out: list[Spec] = []
+    for group in (("params",), ("opt_state", "mu"), ("opt_state", "nu")):
+        out += [((*group, *path), shape, f32, len(shape) == 2) for path, shape in shapes]
+    return [*out, (("opt_state", "count"), (), np.dtype(np.int32), False)]
 
 
 SMALL_SCALARS = {("step",): 12_345, ("opt_state", "learning_rate"): 3e-4}

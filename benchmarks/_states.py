@@ -42,6 +42,14 @@ def _layer_shapes(d: int) -> dict[str, tuple[int, ...]]:
     }
 
 
+def param_shapes(d: int, layers: int) -> list[tuple[tuple[str, ...], tuple[int, ...]]]:
+    """Every parameter of the model of width ``d``: its path and its shape, in order."""
+    out: list[tuple[tuple[str, ...], tuple[int, ...]]] = [(("embed",), (_VOCAB_PER_WIDTH * d, d))]
+    for i in range(layers):
+        out += [((f"layer_{i:03d}", k), s) for k, s in _layer_shapes(d).items()]
+    return [*out, (("final_norm", "scale"), (d,)), (("final_norm", "bias"), (d,))]
+
+
 def width_for(nbytes: int, layers: int, multiple: int) -> int:
     """The model width whose float32 state (params, mu, nu) is about ``nbytes``."""
     per_d2 = 3 * 4 * (12 * layers + _VOCAB_PER_WIDTH)  # bytes per d**2
@@ -72,10 +80,12 @@ def tree_transformer(
         return random(shape, np.float32, sharding, next(seeds))
 
     def params_like() -> dict[str, Any]:
-        tree: dict[str, Any] = {"embed": array((_VOCAB_PER_WIDTH * d, d))}
-        for i in range(layers):
-            tree[f"layer_{i:03d}"] = {k: array(s) for k, s in _layer_shapes(d).items()}
-        tree["final_norm"] = {"scale": array((d,)), "bias": array((d,))}
+        tree: dict[str, Any] = {}
+        for path, shape in param_shapes(d, layers):
+            node = tree
+            for key in path[:-1]:
+                node = node.setdefault(key, {})
+            node[path[-1]] = array(shape)
         return tree
 
     return adam_like(params_like, random((), np.int32, repl, next(seeds)))

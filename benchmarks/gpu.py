@@ -11,7 +11,9 @@ Here, on the CPU: ``.venv/bin/python benchmarks/gpu.py --quick`` (16 MiB, 1 repe
 
 One process (no ``jax.distributed``: nbckpt uses its in-process client), on the platform
 jax picks. The states (``_gpu_states``): ``fsdp`` at each of ``--sizes``, ``small``
-(hundreds of small leaves) at ``--small-size``. Each repetition, in a rotating order and
+(hundreds of small leaves) at ``--small-size``, ``transformer`` (compare.py's: a
+12-layer model's parameters and AdamW state, 442 leaves) at ``--transformer-size``.
+Each repetition, in a rotating order and
 each on a fresh state: the device-to-host copy of every shard (``copy_to_host_async``
 then ``np.asarray``), and where the device has pinned host memory the copy there
 (``jax.device_put`` to ``pinned_host``, what nbckpt's snapshot does: the floor of its
@@ -51,7 +53,16 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path[:0] = [str(HERE), str(REPO)]
 
-from _gpu_states import SMALL_SCALARS, State, fmt_size, free, fsdp_specs, shards, small_specs  # noqa: E402
+from _gpu_states import (  # noqa: E402
+    SMALL_SCALARS,
+    State,
+    fmt_size,
+    free,
+    fsdp_specs,
+    shards,
+    small_specs,
+    transformer_specs,
+)
 from engine_bench import drop_cache  # noqa: E402
 
 FIGURES = {
@@ -340,6 +351,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1G,4G", help="sizes of the fsdp state")
     parser.add_argument("--small-size", default="256M", help="size of the small-leaves state")
+    parser.add_argument(
+        "--transformer-size", default="1G", help="size of the transformer state ('' skips it)"
+    )
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--root", help="where to write (a fresh folder is made in it)")
     parser.add_argument("--json", help="also write the figures here, as JSON")
@@ -350,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.sizes, args.small_size, args.reps = "16M", "16M", 1
+        args.transformer_size = args.transformer_size and "16M"
     base = Path(tempfile.mkdtemp(prefix="nbckpt-gpu-", dir=args.root))
     bench, states = Bench(base), list[State]()
     meta: dict[str, Any] = {"argv": sys.argv[1:], "root": str(base), "cache": bench.cache}
@@ -386,6 +401,9 @@ def main(argv: list[str] | None = None) -> int:
             log("WARNING: the disk may fill: one checkpoint at a time is kept, pick --root")
         small = parse_size(args.small_size)
         states.insert(0, State("small", small, small_specs(small, n), SMALL_SCALARS))
+        if args.transformer_size:
+            size = parse_size(args.transformer_size)
+            states.insert(1, State("transformer", size, transformer_specs(size, n)))
         systems: dict[str, Callable[[State, int], dict[str, float]]] = {
             "d2h": bench.d2h,
             "nbckpt": bench.nbckpt,
