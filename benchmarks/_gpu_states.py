@@ -10,10 +10,10 @@ bias and scale of 1-64 KiB, replicated), two 0-d arrays and two Python scalars.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
+from _states import TRANSFORMER_LAYERS, nest, param_shapes, width_for
 
 #: path, shape, dtype, sharded (else replicated)
 Spec = tuple[tuple[str, ...], tuple[int, ...], np.dtype[Any], bool]
@@ -68,8 +68,6 @@ def transformer_specs(nbytes: int, n: int) -> list[Spec]:
     Matrices sharded on their first axis, vectors replicated, and the step count: 442
     leaves of about ``nbytes`` in all.
     """
-    from _states import TRANSFORMER_LAYERS, param_shapes, width_for
-
     f32 = np.dtype(np.float32)
     shapes = param_shapes(width_for(nbytes, TRANSFORMER_LAYERS, 8 * n), TRANSFORMER_LAYERS)
     out: list[Spec] = []
@@ -79,17 +77,6 @@ def transformer_specs(nbytes: int, n: int) -> list[Spec]:
 
 
 SMALL_SCALARS = {("step",): 12_345, ("opt_state", "learning_rate"): 3e-4}
-
-
-def nest(pairs: Iterable[tuple[tuple[str, ...], Any]]) -> dict[str, Any]:
-    """A nested dict from (path, value) pairs."""
-    tree: dict[str, Any] = {}
-    for path, value in pairs:
-        node = tree
-        for key in path[:-1]:
-            node = node.setdefault(key, {})
-        node[path[-1]] = value
-    return tree
 
 
 class State:

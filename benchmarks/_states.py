@@ -12,7 +12,7 @@ model width is picked so the state comes out at about the size asked for.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 #: Layers of the ``transformer`` state: 3 x (1 + 12 x 12 + 2) + 1 = 442 leaves (params, mu,
@@ -40,6 +40,17 @@ def _layer_shapes(d: int) -> dict[str, tuple[int, ...]]:
         "ln2_scale": (d,),
         "ln2_bias": (d,),
     }
+
+
+def nest(pairs: Iterable[tuple[tuple[str, ...], Any]]) -> dict[str, Any]:
+    """A nested dict from (path, value) pairs."""
+    tree: dict[str, Any] = {}
+    for path, value in pairs:
+        node = tree
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = value
+    return tree
 
 
 def param_shapes(d: int, layers: int) -> list[tuple[tuple[str, ...], tuple[int, ...]]]:
@@ -80,13 +91,7 @@ def tree_transformer(
         return random(shape, np.float32, sharding, next(seeds))
 
     def params_like() -> dict[str, Any]:
-        tree: dict[str, Any] = {}
-        for path, shape in param_shapes(d, layers):
-            node = tree
-            for key in path[:-1]:
-                node = node.setdefault(key, {})
-            node[path[-1]] = array(shape)
-        return tree
+        return nest((path, array(shape)) for path, shape in param_shapes(d, layers))
 
     return adam_like(params_like, random((), np.int32, repl, next(seeds)))
 
