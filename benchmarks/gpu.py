@@ -53,6 +53,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path[:0] = [str(HERE), str(REPO)]
 
+from _compare_report import parse_size  # noqa: E402
 from _gpu_states import (  # noqa: E402
     SMALL_SCALARS,
     State,
@@ -87,13 +88,6 @@ RATIOS = {  # name: (numerator, denominator), both medians
 }
 BLOCK, READERS = 16 * 2**20, 4
 PACKAGES = ("orbax-checkpoint", "tensorstore", "numpy", "ml-dtypes", "google-crc32c")
-
-
-def parse_size(text: str) -> int:
-    """``"256M"`` -> 256 MiB, ``"4G"`` -> 4 GiB."""
-    text = text.strip().upper().removesuffix("B").removesuffix("I")
-    mult = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
-    return int(float(text.rstrip("KMG")) * mult)
 
 
 def log(msg: str) -> None:
