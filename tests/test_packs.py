@@ -17,7 +17,7 @@ from nbckpt.errors import CorruptCheckpointError
 from nbckpt.formats.checksum import read_checksums
 from nbckpt.formats.fsck import verify_step
 from nbckpt.formats.layout import CHECKSUMS_DIR
-from nbckpt.formats.packs import PACK_DIR, PACK_KEY, PackIndex, unit_files
+from nbckpt.formats.packs import PACK_ALIGN, PACK_DIR, PACK_KEY, PackIndex, unit_files
 
 T = "tests.test_packs"
 
@@ -74,9 +74,10 @@ def test_small_leaves_go_into_one_pack_and_large_ones_keep_their_arrays(tmp_path
     index = _sums(step)[PACK_KEY]
     assert isinstance(index, dict) and index["file"] == f"{PACK_DIR}/process_0"
     spans = sorted(s for keys in index["chunks"].values() for s in keys.values())
-    # The chunks lie end to end, and fill the pack exactly.
+    # The chunks lie in order, each at the first multiple of PACK_ALIGN after the one
+    # before, and the last ends the pack.
     ends = [a + n for a, n in spans]
-    assert [a for a, _ in spans] == [0, *ends[:-1]]
+    assert [a for a, _ in spans] == [0, *(-(-e // PACK_ALIGN) * PACK_ALIGN for e in ends[:-1])]
     assert ends[-1] == (step / PACK_DIR / "process_0").stat().st_size
 
 
@@ -183,9 +184,12 @@ def test_neighbouring_ranges_are_read_with_one_request_of_bounded_size():
 # -- several processes ----------------------------------------------------------------
 
 
-def save_replicated(root: str) -> list[int]:
-    """Save 40 small replicated leaves from every process; the bytes of each pack."""
-    import os
+def save_replicated(root: str) -> tuple[list[int], list[int]]:
+    """Save 40 small replicated leaves from every process.
+
+    Returns the bytes of each pack's chunks, and how many chunks of each leaf the packs
+    hold.
+    """
 
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -197,8 +201,10 @@ def save_replicated(root: str) -> list[int]:
     ck = AsyncCheckpointer(root)
     ck.save(1, tree)
     ck.wait_until_finished()
-    packs = Path(root) / "1" / PACK_DIR
-    return sorted(os.path.getsize(p) for p in packs.iterdir())
+    sums = [json.loads(p.read_text()) for p in (Path(root) / "1" / CHECKSUMS_DIR).iterdir()]
+    index = [s[PACK_KEY]["chunks"] for s in sums if PACK_KEY in s]
+    sizes = [sum(n for keys in i.values() for _, n in keys.values()) for i in index]
+    return sorted(sizes), [sum(len(i.get(f"v{k:02d}", {})) for i in index) for k in range(40)]
 
 
 def restore_replicated(root: str) -> bool:
@@ -209,9 +215,10 @@ def restore_replicated(root: str) -> bool:
 
 @pytest.mark.multihost
 def test_small_replicated_leaves_are_spread_over_the_processes(group4, group2, tmp_path):
-    sizes = group4.run(f"{T}:save_replicated", str(tmp_path))[0]
+    sizes, copies = group4.run(f"{T}:save_replicated", str(tmp_path))[0]
     assert len(sizes) == 4 and all(s > 0 for s in sizes)  # every process wrote some
     assert sum(sizes) == sum(4 * (i + 1) for i in range(40))  # each leaf once
+    assert copies == [1] * 40
     assert group2.run(f"{T}:restore_replicated", str(tmp_path)) == [True, True]
 
 

@@ -11,7 +11,8 @@ where each chunk lies in its checksums file, next to the chunk's checksum::
                  "chunks": {"<leaf>": {"<chunk key>": [<offset>, <nbytes>], ...}, ...}}}
 
 A chunk's bytes are the chunk in C order, exactly as a chunk file of a zarr array holds
-them, so the same checksum covers them. The leaf's entry in the step's metadata says
+them, so the same checksum covers them; each chunk starts at a multiple of
+:data:`PACK_ALIGN` bytes. The leaf's entry in the step's metadata says
 ``"packed": true``; its shape, dtype and chunk grid are there as for any leaf. One
 file and one fsync per process replace a directory, a ``.zarray``, a chunk file and an
 fsync per small leaf or shard. A pack holds its whole leaves first, then the shards of
@@ -31,6 +32,7 @@ from typing import Any
 
 __all__ = [
     "DEFAULT_PACK_BYTES",
+    "PACK_ALIGN",
     "PACK_DIR",
     "PACK_KEY",
     "PackIndex",
@@ -54,6 +56,12 @@ DEFAULT_PACK_BYTES = 4 << 20
 #: fetches every pack that holds a chunk it needs, and those should hold small leaves
 #: only, as before packing by shard.
 TIER_PACK_BYTES = 1 << 20
+#: Each chunk of a pack starts at a multiple of this many bytes (zeros fill the gaps).
+#: A restore reads a stretch of a pack into a buffer aligned alike, and a leaf's view
+#: of it is then aligned too: XLA's CPU client adopts host memory aligned to 64 bytes
+#: as it is, and copies any other (every byte once more, into new memory). Steps
+#: written before have their chunks end to end; they read as before, with that copy.
+PACK_ALIGN = 64
 #: The folder of a step that holds the packs.
 PACK_DIR = "_PACKED"
 #: The entry of a checksums file that indexes its process's pack.

@@ -11,12 +11,16 @@ spent about 90 µs of Python per leaf. :class:`BulkReads` reads all such leaves 
 restore together instead:
 
 - a local pack in stretches of at most :data:`STRETCH_BYTES`, one ``preadv`` each (a
-  pack's chunks lie end to end, in the order they were written), read ahead on a thread
+  pack's chunks lie in the order they were written), read ahead on a thread
   while the stretch before is checked and placed; an object store's with the pack
   source's own coalesced range requests;
 - each leaf's bytes are checked against their recorded checksum as a view of its
   stretch, before any value is used;
-- the leaves of a stretch go to their devices in one ``jax.device_put``.
+- each leaf goes to its devices in one call when it is assembled
+  (:func:`~nbckpt.engine.restore.assemble.assemble`); a CPU device takes its view of
+  the stretch as it is, the pack's chunks being aligned
+  (:data:`~nbckpt.formats.packs.PACK_ALIGN`), so a stretch lives as long as a leaf
+  read from it.
 
 Damage reads as it does on the general path: the leaf, the chunk, the pack and its
 bytes are named, and nothing is returned.
@@ -40,7 +44,7 @@ from nbckpt.engine.arrays.zarr import chunk_key
 from nbckpt.engine.restore.chunkfiles import pread_full
 from nbckpt.engine.restore.packed import PackedSource
 from nbckpt.engine.restore.protocols import Box
-from nbckpt.engine.restore.reads import leaf_value
+from nbckpt.engine.restore.reads import aligned_empty, leaf_value
 from nbckpt.engine.restore.targets import check_x64
 from nbckpt.errors import CorruptCheckpointError
 from nbckpt.formats import checksum as _checksum
@@ -96,7 +100,9 @@ class BulkLeaf:
 
     def result(self) -> Any:
         """The restored leaf (see :func:`~nbckpt.engine.restore.reads.leaf_value`)."""
-        return leaf_value(self.meta, self.shape, self.sharding, self.placed, self.weak)
+        return leaf_value(
+            self.meta, self.shape, self.sharding, self.devices, self.placed, self.weak
+        )
 
 
 class BulkReads:
@@ -244,7 +250,9 @@ class BulkReads:
                 fd = files[file] = os.open(str(self.source.directory / file), os.O_RDONLY)
             except FileNotFoundError:
                 raise self._damaged(*group[0], f"its pack {file} is missing") from None
-        buf = np.empty(stop - start, np.uint8)
+        # Aligned as the pack's chunks are (``PACK_ALIGN``): a leaf's view of the
+        # stretch then goes to a CPU device as it is, not copied once more.
+        buf = aligned_empty((stop - start,), np.dtype(np.uint8))
         got = pread_full(fd, buf, start)
         for leaf, chunk in group:
             if chunk.where.offset + chunk.where.nbytes > start + got:
@@ -255,9 +263,11 @@ class BulkReads:
         return self.source.damaged(leaf.meta["name"], chunk.key, detail)
 
     def _place(self, parts: list[tuple[BulkLeaf, BulkChunk, np.ndarray]]) -> None:
-        """Check each chunk's bytes, then put the values on their devices in one call."""
-        hosts: list[np.ndarray] = []
-        devices: list[Any] = []
+        """Check each chunk's bytes, and keep each value for its devices.
+
+        The values stay on the host: a leaf's :meth:`BulkLeaf.result` puts all its
+        parts on their devices in one call.
+        """
         for leaf, chunk, raw in parts:
             host = raw.view(leaf.dtype).reshape(chunk.shape)
             if chunk.expected is not None:
@@ -273,20 +283,11 @@ class BulkReads:
                     )
             if not leaf.devices:
                 leaf.placed = [host.copy()]  # its own array, not a view of the stretch
+                continue
+            if not leaf.placed:
+                leaf.placed = [None] * len(leaf.devices)
             for i in chunk.positions:
-                hosts.append(host)
-                devices.append(leaf.devices[i])
-        if hosts:
-            # One call for the stretch: one by one, the calls' own cost is most of a
-            # small leaf's restore.
-            placed = iter(jax.device_put(hosts, devices))
-            for leaf, chunk, _ in parts:
-                if not chunk.positions:
-                    continue
-                if not leaf.placed:
-                    leaf.placed = [None] * len(leaf.devices)
-                for i in chunk.positions:
-                    leaf.placed[i] = next(placed)
+                leaf.placed[i] = host
 
 
 #: A chunk of a leaf, as the reads handle it.

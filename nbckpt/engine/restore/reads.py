@@ -32,12 +32,14 @@ import tensorstore as ts
 from nbckpt.engine.arrays.tree import path_str
 from nbckpt.engine.arrays.zarr import chunk_key, chunk_regions
 from nbckpt.engine.restore import chunkfiles
+from nbckpt.engine.restore.assemble import assemble
 from nbckpt.engine.restore.hostshare import HostRegion, holder_rows
 from nbckpt.engine.restore.protocols import ArraySource, Box
-from nbckpt.engine.restore.targets import check_x64, convert, weaken
+from nbckpt.engine.restore.targets import check_x64, convert, is_weak, weaken
 from nbckpt.engine.restore.together import Together
 from nbckpt.errors import CorruptCheckpointError
 from nbckpt.formats import checksum as _checksum
+from nbckpt.formats.packs import PACK_ALIGN
 
 __all__ = [
     "SMALL_READ_BYTES",
@@ -48,8 +50,9 @@ __all__ = [
 ]
 
 #: XLA's CPU client adopts a host buffer without copying it only if it is aligned to
-#: this many bytes; tensorstore's own read buffers are aligned to 16 only.
-_ALIGNMENT = 64
+#: this many bytes (the packs' chunks are aligned so for the same reason);
+#: tensorstore's own read buffers are aligned to 16 only.
+_ALIGNMENT = PACK_ALIGN
 
 #: Reads smaller than this are checked on the thread that places them (handing a read
 #: to a checking thread costs more than its CRC) and put on their devices in one batch.
@@ -204,9 +207,9 @@ class LeafRead:
                     self.devices.append((device, _index_key(index, self.shape) if index else whole))
             boxes = [self._box(want) for _, want in self.devices]
             self._opening = opening if opening is not None else source.open(self.name, boxes)
-        #: Where ``read_all`` gathers small reads to put on devices in one batch:
-        #: (leaf, device position, host buffer, device).
-        self.batch: list[tuple[LeafRead, int, np.ndarray, Any]] | None = None
+        #: Whether a small read stays on the host until :meth:`result` assembles the
+        #: leaf (set by ``read_all``): one call then puts all its parts on their devices.
+        self.defer_small = False
 
     @property
     def late(self) -> bool:
@@ -343,10 +346,8 @@ class LeafRead:
                 host[...] = part
             if self.dtype is not None and host.dtype != self.dtype:
                 host = convert(self.where, host, self.dtype, self.exact)
-            if device is None:
+            if device is None or (self.defer_small and host.nbytes < SMALL_READ_BYTES):
                 self.placed[i] = host
-            elif self.batch is not None and host.nbytes < SMALL_READ_BYTES:
-                self.batch.append((self, i, host, device))
             else:
                 self.placed[i] = jax.device_put(host, device)
 
@@ -355,27 +356,30 @@ class LeafRead:
         if self.meta["kind"] == "scalar":
             return _number(self.meta)
         placed = [self.placed[i] for i in range(len(self.devices))]
-        return leaf_value(self.meta, self.shape, self.sharding, placed, self.weak)
+        devices = [device for device, _ in self.devices]
+        return leaf_value(self.meta, self.shape, self.sharding, devices, placed, self.weak)
 
 
 def leaf_value(
     meta: dict[str, Any],
     shape: tuple[int, ...],
     sharding: jax.sharding.Sharding | None,
+    devices: list[Any],
     placed: list[Any],
     weak: bool,
 ) -> Any:
-    """The restored leaf from its parts: one host array, or one array per local device.
+    """The restored leaf from its parts: one host array, or one part per local device.
 
-    A host value is returned as it is (a Python number if it was saved as one); device
-    arrays are assembled under ``sharding``. A typed PRNG key comes back wrapped.
+    A host value is returned as it is (a Python number if it was saved as one); the
+    parts on ``devices`` (host arrays, or arrays already on those devices) are
+    assembled under ``sharding``. A typed PRNG key comes back wrapped.
     """
     if sharding is None:
         host = placed[0]
         value = host.item() if meta.get("python_scalar") else host
     else:
-        value = jax.make_array_from_single_device_arrays(shape, sharding, placed)
-        if weak:
+        value = assemble(shape, placed[0].dtype, sharding, devices, placed, weak)
+        if weak and not is_weak(value):
             value = weaken(value)
     if meta.get("key_impl"):
         # A typed PRNG key, stored as its key data.

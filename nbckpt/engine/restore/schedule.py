@@ -14,10 +14,6 @@ import os
 import queue
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
-
-import jax
-import numpy as np
 
 from nbckpt.engine.progress import ProgressReport
 from nbckpt.engine.restore.reads import SMALL_READ_BYTES, LeafRead, RegionRead
@@ -54,9 +50,8 @@ def read_all(
     """
     #: (a completed read, None) or (a checked read, its check's future).
     events: queue.SimpleQueue[tuple[RegionRead, Future[None] | None]] = queue.SimpleQueue()
-    batch: list[tuple[LeafRead, int, np.ndarray, Any]] = []
     for leaf in leaves:
-        leaf.batch = batch
+        leaf.defer_small = True
     # Sources that fetch late (the packs) start their reads now, every leaf known; a
     # leaf fetched so is issued after all others, so waiting for it holds back none.
     for source in {id(leaf.source): leaf.source for leaf in leaves}.values():
@@ -94,15 +89,9 @@ def read_all(
             read.leaf.place(read)
             report.add(read.buf.nbytes)
             remaining -= 1
-        if batch:
-            # One call puts every small read on its device: one by one, the calls'
-            # own cost is most of a small leaf's restore.
-            placed = jax.device_put([b[2] for b in batch], [b[3] for b in batch])
-            for (leaf, i, _, _), value in zip(batch, placed, strict=True):
-                leaf.placed[i] = value
     finally:
         for leaf in leaves:
-            leaf.batch = None  # what is placed later (adopt) is placed at once
+            leaf.defer_small = False  # what is placed later (adopt) is placed at once
         for source in {id(leaf.source): leaf.source for leaf in leaves}.values():
             if hasattr(source, "close"):
                 source.close()  # the packs it opened

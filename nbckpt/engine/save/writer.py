@@ -29,7 +29,7 @@ from nbckpt.engine.arrays.zarr import (
 from nbckpt.engine.progress import ProgressReport
 from nbckpt.engine.save.snapshot import Snapshot
 from nbckpt.formats import checksum as _checksum
-from nbckpt.formats.packs import PACK_KEY, is_packed, pack_entry, pack_file
+from nbckpt.formats.packs import PACK_ALIGN, PACK_KEY, is_packed, pack_entry, pack_file
 from nbckpt.storage import Location
 
 __all__ = [
@@ -237,6 +237,8 @@ class _Pack:
     def __init__(self) -> None:
         self._gathered: tuple[list[tuple[str, str, np.ndarray]], ...] = ([], [])
         self.parts: list[np.ndarray] = []
+        #: Where each of ``parts`` starts in the pack.
+        self.starts: list[int] = []
         self.index: dict[str, dict[str, list[int]]] = {}
         self.nbytes = 0
 
@@ -248,11 +250,13 @@ class _Pack:
         return any(self._gathered)
 
     def seal(self) -> None:
-        """Lay the chunks out in the pack's order, and index them."""
+        """Lay the chunks out in the pack's order, each at a multiple of ``PACK_ALIGN``."""
         for leaf, key, data in (*self._gathered[0], *self._gathered[1]):
-            self.index.setdefault(leaf, {})[key] = [self.nbytes, data.nbytes]
+            start = -(-self.nbytes // PACK_ALIGN) * PACK_ALIGN
+            self.index.setdefault(leaf, {})[key] = [start, data.nbytes]
             self.parts.append(data)
-            self.nbytes += data.nbytes
+            self.starts.append(start)
+            self.nbytes = start + data.nbytes
 
     def write(
         self, directory: Location, process: int, progress: Callable[[int], None] | None = None
@@ -273,10 +277,8 @@ class _Pack:
         # One buffer of the packed bytes, filled in place: joining ``tobytes()`` copies
         # held a second copy of them all while it ran.
         blob = bytearray(self.nbytes)
-        at = 0
-        for part in self.parts:
+        for at, part in zip(self.starts, self.parts, strict=True):
             blob[at : at + part.nbytes] = part.reshape(-1).view(np.uint8).data
-            at += part.nbytes
         kv = ts.KvStore.open(storage.kvstore_spec(directory), context=context()).result()
         # tensorstore takes any bytes-like value; its stubs name bytes only.
         return kv.write(pack_file(process), cast(bytes, blob))
@@ -285,8 +287,12 @@ class _Pack:
         path.parent.mkdir(exist_ok=True)
         try:
             with open(path, "wb") as f:
-                for part in self.parts:
+                at = 0
+                for start, part in zip(self.starts, self.parts, strict=True):
+                    if start > at:
+                        f.write(bytes(start - at))
                     f.write(part.reshape(-1).view(np.uint8).data)
+                    at = start + part.nbytes
                     if progress is not None:
                         progress(part.nbytes)
                 f.flush()
