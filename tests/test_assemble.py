@@ -90,6 +90,19 @@ def test_the_batched_call_and_the_public_way_assemble_the_same_array(group1, mes
     assert group1.run(f"{T}:assembled_both_ways", mesh_shape) == [[]]
 
 
+def test_a_batched_call_of_another_signature_gives_way_to_the_public_one(monkeypatch):
+    def other(*args: object) -> None:
+        raise TypeError("batched_device_put(): incompatible function arguments")
+
+    monkeypatch.setattr(assemble, "_BATCHED", other)
+    device = jax.local_devices()[0]
+    sharding = jax.sharding.SingleDeviceSharding(device)
+    part = np.arange(6, dtype=np.float32).reshape(2, 3)
+    out = assemble.assemble((2, 3), part.dtype, sharding, [device], [part])
+    assert np.array_equal(np.asarray(out), part) and out.sharding == sharding
+    assert assemble._BATCHED is None  # not tried again
+
+
 def test_a_dtype_jax_would_narrow_is_assembled_the_public_way():
     assert assemble._keeps(np.dtype(np.float32), False)
     assert not assemble._keeps(np.dtype(np.int64), False)  # jax_enable_x64 is off here

@@ -66,6 +66,7 @@ def assemble(
     jax.Array
         The array, committed to ``sharding``.
     """
+    global _BATCHED
     hosts = all(isinstance(p, np.ndarray) for p in parts)
     if _BATCHED is not None and hosts and _keeps(dtype, _x64()):
         order, shard = _layout(sharding, shape)
@@ -78,8 +79,12 @@ def assemble(
         ):
             aval = jax.core.ShapedArray(shape, dtype, weak_type=weak)
             ordered = [by_device[d] for d in order]
-            out: jax.Array = _BATCHED(aval, sharding, ordered, order, True)
-            return out
+            try:
+                out: jax.Array = _BATCHED(aval, sharding, ordered, order, True)
+                return out
+            except TypeError:
+                # A jaxlib whose call takes other arguments: the public way from now on.
+                _BATCHED = None
     on_host = [i for i, p in enumerate(parts) if not isinstance(p, jax.Array)]
     placed = list(parts)
     if on_host:
