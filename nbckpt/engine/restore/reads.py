@@ -55,7 +55,8 @@ __all__ = [
 _ALIGNMENT = PACK_ALIGN
 
 #: Reads smaller than this are checked on the thread that places them (handing a read
-#: to a checking thread costs more than its CRC) and put on their devices in one batch.
+#: to a checking thread costs more than its CRC) and put on their devices with the
+#: leaf, when it is assembled (:func:`~nbckpt.engine.restore.assemble.assemble`).
 SMALL_READ_BYTES = 256 << 10
 
 

@@ -3,8 +3,9 @@
 :func:`read_all` drives the :class:`~nbckpt.engine.restore.reads.LeafRead` of every
 leaf: it issues every read before it waits for any, so that tensorstore overlaps them;
 checks each read's chunks as it completes (on a few threads for large reads, in line
-for small ones), while the others are still in flight; places each on its devices; and
-reports progress.
+for small ones), while the others are still in flight; places each large one on its
+devices (a small one goes there with its leaf, when the leaf is assembled); and reports
+progress.
 """
 
 from __future__ import annotations
@@ -36,8 +37,10 @@ def read_all(
 
     The checksum checks run on a few threads (the CRC releases the GIL), so that on a
     host with cores to spare they keep up with the reads however fast the storage is;
-    the main thread places each read on its devices as soon as it is checked. Leaves
-    without recorded checksums are only checked for read errors.
+    the main thread places each read on its devices as soon as it is checked (a read
+    smaller than ``SMALL_READ_BYTES`` stays on the host until its leaf is assembled,
+    with one call for all its parts). Leaves without recorded checksums are only
+    checked for read errors.
 
     ``progress(done, total)``, if given, is called once every read is issued (``done``
     0), then with the bytes read and checked so far as
