@@ -67,8 +67,8 @@ def assemble(
         The array, committed to ``sharding``.
     """
     global _BATCHED
-    hosts = all(isinstance(p, np.ndarray) for p in parts)
-    if _BATCHED is not None and hosts and _keeps(dtype, _x64()):
+    on_host = [i for i, p in enumerate(parts) if not isinstance(p, jax.Array)]
+    if _BATCHED is not None and len(on_host) == len(parts) and _keeps(dtype, _x64()):
         order, shard = _layout(sharding, shape)
         by_device = dict(zip(devices, parts, strict=True))
         # The batched call checks none of this; the public way names what is wrong.
@@ -85,7 +85,6 @@ def assemble(
             except TypeError:
                 # A jaxlib whose call takes other arguments: the public way from now on.
                 _BATCHED = None
-    on_host = [i for i, p in enumerate(parts) if not isinstance(p, jax.Array)]
     placed = list(parts)
     if on_host:
         # One call for every host part: one by one, the calls' own cost adds up.
