@@ -45,7 +45,7 @@ def assembled_both_ways(mesh_shape: tuple[int, int]) -> list[str]:
         sharding = NamedSharding(mesh, P(*spec))
         where = sharding.addressable_devices_indices_map(shape)
         devs = list(where)[::-1]
-        # Own aligned copies, as a restore's buffers are (XLA may adopt them).
+        # Each part its own array, as a restore's buffers are.
         parts = [np.array(value[where[d]]) for d in devs]
         for weak in (False, True):
             got = []
