@@ -236,9 +236,8 @@ class _Pack:
 
     def __init__(self) -> None:
         self._gathered: tuple[list[tuple[str, str, np.ndarray]], ...] = ([], [])
-        self.parts: list[np.ndarray] = []
-        #: Where each of ``parts`` starts in the pack.
-        self.starts: list[int] = []
+        #: Each chunk with where it starts in the pack, in the pack's order.
+        self.parts: list[tuple[int, np.ndarray]] = []
         self.index: dict[str, dict[str, list[int]]] = {}
         self.nbytes = 0
 
@@ -254,8 +253,7 @@ class _Pack:
         for leaf, key, data in (*self._gathered[0], *self._gathered[1]):
             start = -(-self.nbytes // PACK_ALIGN) * PACK_ALIGN
             self.index.setdefault(leaf, {})[key] = [start, data.nbytes]
-            self.parts.append(data)
-            self.starts.append(start)
+            self.parts.append((start, data))
             self.nbytes = start + data.nbytes
 
     def write(
@@ -277,7 +275,7 @@ class _Pack:
         # One buffer of the packed bytes, filled in place: joining ``tobytes()`` copies
         # held a second copy of them all while it ran.
         blob = bytearray(self.nbytes)
-        for at, part in zip(self.starts, self.parts, strict=True):
+        for at, part in self.parts:
             blob[at : at + part.nbytes] = part.reshape(-1).view(np.uint8).data
         kv = ts.KvStore.open(storage.kvstore_spec(directory), context=context()).result()
         # tensorstore takes any bytes-like value; its stubs name bytes only.
@@ -288,7 +286,7 @@ class _Pack:
         try:
             with open(path, "wb") as f:
                 at = 0
-                for start, part in zip(self.starts, self.parts, strict=True):
+                for start, part in self.parts:
                     if start > at:
                         f.write(bytes(start - at))
                     f.write(part.reshape(-1).view(np.uint8).data)
