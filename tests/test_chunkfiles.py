@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 from pathlib import Path
 
 import jax
@@ -17,6 +18,7 @@ from nbckpt.engine.arrays.zarr import chunk_shape, open_array
 from nbckpt.engine.restore import chunkfiles
 from nbckpt.engine.restore.reads import aligned_empty
 from nbckpt.engine.save import snapshot
+from nbckpt.formats import checksum
 
 
 def _array(path: Path, data: np.ndarray, chunks: list[int], **extra) -> ts.TensorStore:
@@ -30,14 +32,21 @@ def _array(path: Path, data: np.ndarray, chunks: list[int], **extra) -> ts.Tenso
     return ts.open(spec).result()
 
 
-def _read(path: Path, store: ts.TensorStore, box, chunks) -> np.ndarray | None:
+def _read(path: Path, store: ts.TensorStore, box, chunks, sums=None) -> np.ndarray | None:
     shape = tuple(store.shape)
     buf = aligned_empty(tuple(b - a for a, b in box), store.dtype.numpy_dtype)
-    done = chunkfiles.read_region(path, store, box, shape, chunks, buf)
+    done = chunkfiles.read_region(path, store, box, shape, chunks, buf, sums)
     if done is None:
         return None
     done.result(timeout=30)
     return buf
+
+
+def _file_sums(path: Path, box, chunks) -> dict[str, int]:
+    """The CRC-32C of each chunk file of ``box``, by chunk key."""
+    grid = [range(a // c, -(-b // c)) for (a, b), c in zip(box, chunks, strict=True)]
+    keys = [".".join(map(str, ix)) for ix in itertools.product(*grid)]
+    return {k: checksum.checksum((path / k).read_bytes(), checksum.CRC32C) for k in keys}
 
 
 @st.composite
@@ -65,12 +74,32 @@ def test_a_region_reads_the_same_bytes_as_tensorstore(tmp_path_factory, case):
     rng = np.random.default_rng(0)
     data = rng.integers(0, 255, size=shape).astype(dtype)
     store = _array(path, data, chunks)
-    got = _read(path, store, tuple(box), chunks)
+    sums: dict[str, int] = {}
+    got = _read(path, store, tuple(box), chunks, sums)
     want = data[tuple(slice(a, b) for a, b in box)]
     event("left to tensorstore" if got is None else "read from the files")
     if got is None:  # tensorstore reads it, as before
         return
     assert got.tobytes() == want.tobytes()
+    # Each chunk got the checksum of its file's bytes, computed as it was read.
+    assert sums == _file_sums(path, box, chunks)
+
+
+def test_a_chunk_is_checksummed_piece_by_piece_as_it_is_read(tmp_path, monkeypatch):
+    monkeypatch.setattr(chunkfiles, "SUM_PIECE", 40)  # 4 KiB chunks: pieces, one cut short
+    data = np.random.default_rng(2).standard_normal((8, 1024)).astype(np.float32)
+    store = _array(tmp_path, data, [1, 1024])
+    sums: dict[str, int] = {}
+    got = _read(tmp_path, store, ((2, 5), (0, 1024)), [1, 1024], sums)
+    assert got is not None and got.tobytes() == data[2:5].tobytes()
+    assert sums == _file_sums(tmp_path, ((2, 5), (0, 1024)), [1, 1024])
+    assert len(sums) == 3
+    # A chunk that tensorstore reads (its file is of the wrong size) gets no sum.
+    (tmp_path / "3.0").write_bytes(b"\0" * 5)
+    sums.clear()
+    with pytest.raises(ValueError, match="Not enough data"):
+        _read(tmp_path, store, ((2, 5), (0, 1024)), [1, 1024], sums)
+    assert "3.0" not in sums
 
 
 def test_regions_it_cannot_read_whole_are_left_to_tensorstore(tmp_path):
@@ -104,7 +133,15 @@ def test_a_restore_reads_its_chunks_from_the_files(tmp_path, monkeypatch):
     reads: list[Path] = []
     real = chunkfiles._read_file
     monkeypatch.setattr(
-        chunkfiles, "_read_file", lambda path, into: reads.append(path) or real(path, into)
+        chunkfiles,
+        "_read_file",
+        lambda path, into, extend: reads.append(path) or real(path, into, extend),
+    )
+    # With the sums computed as the chunks were read, none is checksummed again.
+    rechecked: list[int] = []
+    real_matches = checksum.matches
+    monkeypatch.setattr(
+        checksum, "matches", lambda d, a, e: rechecked.append(d.nbytes) or real_matches(d, a, e)
     )
     rng = np.random.default_rng(1)
     tree = {
@@ -120,3 +157,4 @@ def test_a_restore_reads_its_chunks_from_the_files(tmp_path, monkeypatch):
     # Every chunk of both leaves came from its file: 64x8 f32 in 256-byte chunks is 8.
     assert len({p for p in reads if p.parent.name == "w"}) == 8
     assert len({p for p in reads if p.parent.name == "h"}) == 1
+    assert rechecked == []

@@ -41,6 +41,7 @@ __all__ = [
     "CRC32C",
     "Recorded",
     "checksum",
+    "crc32c_extend",
     "default_algorithm",
     "fast_crc32c",
     "matches",
@@ -64,8 +65,8 @@ _PIECE = 4 << 20
 
 
 @cache
-def _crc32c_impl() -> tuple[Callable[[int, np.ndarray], int] | None, bool]:
-    """Return (CRC-32C of an array's bytes extending a CRC, True if it is fast).
+def _crc32c_impl() -> tuple[Callable[[int, np.ndarray], int] | None, bool, bool]:
+    """Return (CRC-32C extending a CRC by an array's bytes, is it fast, is it in place).
 
     The function is None when ``google_crc32c`` is not installed. Its Python API takes
     only ``bytes`` (a NumPy buffer is refused), which would cost a copy of every chunk;
@@ -75,7 +76,7 @@ def _crc32c_impl() -> tuple[Callable[[int, np.ndarray], int] | None, bool]:
     try:
         import google_crc32c
     except ImportError:
-        return None, False
+        return None, False, False
     fast = google_crc32c.implementation == "c"
     if fast:
         try:
@@ -92,7 +93,7 @@ def _crc32c_impl() -> tuple[Callable[[int, np.ndarray], int] | None, bool]:
                 def direct(crc: int, flat: np.ndarray) -> int:
                     return int(extend(crc, flat.ctypes.data, flat.nbytes))
 
-                return direct, True
+                return direct, True, True
         except (ImportError, OSError, AttributeError):
             pass
 
@@ -101,12 +102,23 @@ def _crc32c_impl() -> tuple[Callable[[int, np.ndarray], int] | None, bool]:
             crc = google_crc32c.extend(crc, flat[start : start + _PIECE].tobytes())
         return int(crc)
 
-    return copying, fast
+    return copying, fast, False
 
 
 def fast_crc32c() -> bool:
     """Tell whether CRC-32C is computed by compiled code here (else saves use CRC-32)."""
     return _crc32c_impl()[1]
+
+
+def crc32c_extend() -> Callable[[int, np.ndarray], int] | None:
+    """Return ``extend(crc, flat)``: CRC-32C of ``crc`` extended by a flat uint8 array.
+
+    None unless CRC-32C is computed in place by compiled code (no copy, GIL released):
+    what a restore uses to checksum each piece of a chunk as it reads it, while the
+    piece is still in the CPU's cache (:mod:`nbckpt.engine.restore.chunkfiles`).
+    """
+    impl, _fast, in_place = _crc32c_impl()
+    return impl if in_place else None
 
 
 def default_algorithm() -> str:
@@ -143,7 +155,7 @@ def checksum(data: Any, algorithm: str) -> int:
     """
     flat = _flat_bytes(np.frombuffer(data, np.uint8) if isinstance(data, bytes) else data)
     if algorithm == CRC32C:
-        impl, _fast = _crc32c_impl()
+        impl, _fast, _in_place = _crc32c_impl()
         if impl is None:
             raise ImportError(
                 "CRC-32C checksums need the google-crc32c package: "

@@ -10,8 +10,15 @@ tensorstore reads such a file into a buffer of its own and then copies it into o
 twice the memory to fault in, and a copy. Measured on this project's 2-core machine (4
 processes restoring the 1 GiB ``fsdp`` state, page cache dropped, medians of 8): 0.58 s
 through tensorstore, 0.45 s read here, against 0.31 s for the plain read of the same
-bytes into one reused buffer (``benchmarks/RESULTS.md``). The checksums are checked as
-before, on the buffer, once the read is done.
+bytes into one reused buffer (``benchmarks/RESULTS.md``).
+
+A file is read a piece (:data:`SUM_PIECE`) at a time when the restore checks checksums,
+and each piece gets its CRC-32C right after it is read, while it is still in the CPU's
+cache: 29 GB/s there against 15 GB/s for a chunk of 32 MiB read back from memory, on
+the same machine. The restore then compares the sum with the recorded one instead of
+reading the chunk again (:func:`~nbckpt.engine.restore.reads.LeafRead.check`). Same
+restore, cold, medians of 10, before and after alternating: 0.47 s to 0.38 s at
+1 GiB, 0.17 s to 0.14 s at 256 MiB.
 
 Anything else goes through tensorstore as before: an object store, another layout, a
 region that is not made of whole chunks stored as contiguous stretches of it, an edge
@@ -21,10 +28,11 @@ read; tensorstore then reports the damage in its own words.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,8 +42,9 @@ import tensorstore as ts
 
 from nbckpt.engine.arrays.zarr import chunk_key, chunk_regions
 from nbckpt.engine.restore.protocols import Box
+from nbckpt.formats.checksum import crc32c_extend
 
-__all__ = ["THREADS", "is_raw", "pread_full", "read_region"]
+__all__ = ["SUM_PIECE", "THREADS", "is_raw", "pread_full", "read_region"]
 
 
 def _threads_for(cores: int) -> int:
@@ -46,6 +55,11 @@ def _threads_for(cores: int) -> int:
 
 #: Threads reading chunk files at once, shared by every restore of this process.
 THREADS = _threads_for(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2)
+
+#: A chunk checksummed as it is read is read this many bytes at a time: small enough to
+#: be in the CPU's cache still when checksummed, large enough that the system calls
+#: cost nothing next to the bytes.
+SUM_PIECE = 1 << 20
 
 #: The dtypes whose stored bytes are NumPy's in memory: little endian or single bytes
 #: (a zarr v2 ``bfloat16`` is stored little endian).
@@ -91,6 +105,7 @@ def read_region(
     shape: Sequence[int],
     chunks: Sequence[int],
     buf: np.ndarray,
+    sums: dict[str, int] | None = None,
 ) -> Future[None] | None:
     """Start reading region ``box`` of the array in ``folder`` into ``buf``.
 
@@ -105,6 +120,12 @@ def read_region(
         The region, the array's shape and its chunk shape.
     buf
         A C-contiguous buffer of the region's shape and the array's dtype.
+    sums
+        Given, and CRC-32C computed in place here (:func:`~nbckpt.formats.checksum.crc32c_extend`),
+        each chunk read from its file gets its CRC-32C here, by chunk key: computed
+        piece by piece as the file is read, each piece checksummed while it is still
+        in the CPU's cache (twice as fast as checksumming the chunk once it is read,
+        measured on this project's machine). A chunk read by tensorstore gets none.
 
     Returns
     -------
@@ -121,7 +142,7 @@ def read_region(
     left = [len(pieces)]
     lock = threading.Lock()
 
-    def finished(f: Future[None]) -> None:
+    def finished(f: Future[int | None]) -> None:
         error = f.exception()
         with lock:
             left[0] -= 1
@@ -133,10 +154,14 @@ def read_region(
             done.set_result(None)
 
     pool = _threads()
+    extend = None if sums is None else crc32c_extend()
     for p in pieces:
         task = pool.submit(
-            _read, folder / p.key, store, p.glob, buf[p.local], flat[p.start : p.stop]
+            _read, folder / p.key, store, p.glob, buf[p.local], flat[p.start : p.stop], extend
         )
+        if extend is not None:
+            assert sums is not None
+            task.add_done_callback(functools.partial(_keep_sum, sums, p.key))
         task.add_done_callback(finished)
     return done
 
@@ -191,25 +216,56 @@ def _threads() -> ThreadPoolExecutor:
         return _pool
 
 
+def _keep_sum(sums: dict[str, int], key: str, task: Future[int | None]) -> None:
+    # Runs before the region's own future is done: its checks find every sum kept.
+    if task.exception() is None and (crc := task.result()) is not None:
+        sums[key] = crc
+
+
 def _read(
-    path: Path, store: ts.TensorStore, glob: tuple[slice, ...], part: np.ndarray, into: np.ndarray
-) -> None:
-    """Read one chunk: its file into ``into``, else with tensorstore into ``part``."""
-    if not _read_file(path, into):
+    path: Path,
+    store: ts.TensorStore,
+    glob: tuple[slice, ...],
+    part: np.ndarray,
+    into: np.ndarray,
+    extend: Callable[[int, np.ndarray], int] | None,
+) -> int | None:
+    """Read one chunk: its file into ``into``, else with tensorstore into ``part``.
+
+    Returns the chunk's CRC-32C when ``extend`` is given and the file was read here.
+    """
+    read, crc = _read_file(path, into, extend)
+    if not read:
         # tensorstore then says what is wrong, as it always has.
         ts.array(part, copy=False, write=True).write(store[glob]).result()
+    return crc
 
 
-def _read_file(path: Path, into: np.ndarray) -> bool:
-    """Fill ``into`` from the file at ``path``; False if it is missing, the wrong size, or fails."""
+def _read_file(
+    path: Path, into: np.ndarray, extend: Callable[[int, np.ndarray], int] | None
+) -> tuple[bool, int | None]:
+    """Fill ``into`` from the file at ``path``, and checksum it if ``extend`` is given.
+
+    (False, None) if the file is missing, of the wrong size, or fails to read.
+    """
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
-        return False
+        return False, None
     try:
-        return os.fstat(fd).st_size == into.nbytes and pread_full(fd, into, 0) == into.nbytes
+        if os.fstat(fd).st_size != into.nbytes:
+            return False, None
+        if extend is None:
+            return pread_full(fd, into, 0) == into.nbytes, None
+        crc = 0
+        for start in range(0, into.nbytes, SUM_PIECE):
+            piece = into[start : start + SUM_PIECE]
+            if pread_full(fd, piece, start) != piece.nbytes:
+                return False, None
+            crc = extend(crc, piece)
+        return True, crc
     except OSError:
-        return False
+        return False, None
     finally:
         os.close(fd)
 

@@ -113,6 +113,9 @@ class RegionRead:
     #: (``box`` is then only the slab); placed once every holder has passed the barrier.
     region: HostRegion | None = None
     whole: Box | None = None
+    #: The CRC-32C of each chunk computed as it was read, by chunk key (see
+    #: :func:`~nbckpt.engine.restore.chunkfiles.read_region`); None: none were.
+    sums: dict[str, int] | None = None
 
 
 class LeafRead:
@@ -279,8 +282,10 @@ class LeafRead:
             elif store is not None and (read.region is None or read.buf.size):
                 # A slab of a host-shared region is part of a chunk: tensorstore reads it.
                 folder = None if read.region is not None else self.source.chunk_files(self.name)
+                if folder is not None and self.recorded is not None:
+                    read.sums = {}
                 read.future = folder and chunkfiles.read_region(
-                    folder, store, read.box, self.shape, self.chunks, read.buf
+                    folder, store, read.box, self.shape, self.chunks, read.buf, read.sums
                 )
                 if read.future is None:
                     dst = ts.array(read.buf, copy=False, write=True)
@@ -408,6 +413,8 @@ def _verify(leaf: LeafRead, read: RegionRead) -> None:
         if rec is None:
             raise leaf._damaged(f"chunk {key} has no recorded checksum", key)
         algorithm, expected = rec
+        if algorithm == _checksum.CRC32C and read.sums and read.sums.get(key) == expected:
+            continue  # checksummed as it was read
         # A zero-copy view when the chunk spans the buffer's trailing dimensions
         # (always, with the save's own sharding); a copy otherwise.
         chunk = read.buf[local]

@@ -39,8 +39,10 @@ def read_all(
     host with cores to spare they keep up with the reads however fast the storage is;
     the main thread places each read on its devices as soon as it is checked (a read
     smaller than ``SMALL_READ_BYTES`` stays on the host until its leaf is assembled,
-    with one call for all its parts). Leaves without recorded checksums are only
-    checked for read errors.
+    with one call for all its parts). A chunk read from its own file comes with its
+    checksum, computed as it was read (:mod:`~nbckpt.engine.restore.chunkfiles`): its
+    check compares two numbers. Leaves without recorded checksums are only checked
+    for read errors.
 
     ``progress(done, total)``, if given, is called once every read is issued (``done``
     0), then with the bytes read and checked so far as
