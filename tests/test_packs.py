@@ -12,8 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nbckpt.engine import AsyncCheckpointer
-from nbckpt.engine.restore import packed
+from nbckpt.engine.restore import bulk, packed
 from nbckpt.errors import CorruptCheckpointError
+from nbckpt.formats import checksum
 from nbckpt.formats.checksum import read_checksums
 from nbckpt.formats.fsck import verify_step
 from nbckpt.formats.layout import CHECKSUMS_DIR
@@ -138,6 +139,32 @@ def test_a_flipped_byte_in_a_pack_names_the_leaf_and_the_pack(tmp_path):
     assert _same(out["layers"][0]["bias"], _state()["layers"][0]["bias"])  # type: ignore[index]
     problems = verify_step(step)
     assert len(problems) == 1 and problems[0].startswith("layers.3.bias: chunk 0")
+
+
+@pytest.mark.parametrize("piece", [1 << 20, 100])  # 100: chunks span pieces
+def test_packed_chunks_are_checksummed_as_they_are_read(tmp_path, monkeypatch, piece):
+    monkeypatch.setattr(bulk, "SUM_PIECE", piece)
+    step = _save(tmp_path)
+    rechecked: list[int] = []
+    real = checksum.matches
+    monkeypatch.setattr(
+        checksum, "matches", lambda d, a, e: rechecked.append(d.nbytes) or real(d, a, e)
+    )
+    want = _state()
+    out = AsyncCheckpointer(tmp_path).restore(1, target=jax.tree.map(lambda x: x, want))
+    for got, w in zip(out["layers"], want["layers"], strict=True):  # type: ignore[arg-type]
+        assert _same(got["bias"], w["bias"]) and _same(got["scale"], w["scale"])
+    assert _same(out["half"], want["half"]) and _same(out["big"], want["big"])
+    assert rechecked == []  # every chunk came with its sum: none was read again
+    # A damaged chunk's sum differs: the full check runs, and names it.
+    offset, _ = _span(step, "layers.2.bias")
+    pack = step / PACK_DIR / "process_0"
+    data = bytearray(pack.read_bytes())
+    data[offset] ^= 0x10
+    pack.write_bytes(bytes(data))
+    with pytest.raises(CorruptCheckpointError, match=r"\['layers'\]\[2\]\['bias'\].*checksum"):
+        AsyncCheckpointer(tmp_path).restore(1)
+    assert len(rechecked) == 1
 
 
 def test_a_missing_or_short_pack_is_damage_never_zeros(tmp_path):

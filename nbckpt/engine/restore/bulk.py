@@ -10,12 +10,13 @@ chunk grids, futures and their callbacks. Through that machinery, a 4,006-leaf s
 spent about 90 µs of Python per leaf. :class:`BulkReads` reads all such leaves of a
 restore together instead:
 
-- a local pack in stretches of at most :data:`STRETCH_BYTES`, one ``preadv`` each (a
+- a local pack in stretches of at most :data:`STRETCH_BYTES`, a few ``preadv`` each (a
   pack's chunks lie in the order they were written), read ahead on a thread
   while the stretch before is checked and placed; an object store's with the pack
   source's own coalesced range requests;
 - each leaf's bytes are checked against their recorded checksum as a view of its
-  stretch, before any value is used;
+  stretch, before any value is used; a local stretch is read a piece at a time and
+  each chunk checksummed as soon as it is in, while still in the CPU's cache;
 - each leaf goes to its devices in one call when it is assembled
   (:func:`~nbckpt.engine.restore.assemble.assemble`); a CPU device takes its view of
   the stretch as it is, the pack's chunks being aligned
@@ -41,19 +42,20 @@ import jax
 import numpy as np
 
 from nbckpt.engine.arrays.zarr import chunk_key
-from nbckpt.engine.restore.chunkfiles import pread_full
+from nbckpt.engine.restore.chunkfiles import SUM_PIECE, pread_full
 from nbckpt.engine.restore.packed import PackedSource
 from nbckpt.engine.restore.protocols import Box
 from nbckpt.engine.restore.reads import aligned_empty, leaf_value
 from nbckpt.engine.restore.targets import check_x64
 from nbckpt.errors import CorruptCheckpointError
 from nbckpt.formats import checksum as _checksum
+from nbckpt.formats.checksum import crc32c_extend
 from nbckpt.formats.packs import PackedChunk
 
 __all__ = ["GAP_BYTES", "READ_AHEAD", "STRETCH_BYTES", "BulkChunk", "BulkLeaf", "BulkReads"]
 
 #: A local pack is read in stretches of at most this many bytes (more for one larger
-#: chunk): large enough that a stretch costs one system call for hundreds of leaves,
+#: chunk): large enough that a stretch costs a few system calls for hundreds of leaves,
 #: small enough that what a restore holds besides the leaves themselves stays small
 #: (:data:`READ_AHEAD` more of them are read while one is placed).
 STRETCH_BYTES = 4 << 20
@@ -203,11 +205,16 @@ class BulkReads:
             # Closed at once on a failure too: the read-ahead thread and the packs' file
             # descriptors do not wait for the error's traceback to be let go.
             with contextlib.closing(self._local(parts)) as stretches:
-                for buf, start, group in stretches:
-                    self._place([(leaf, c, _part(buf, start, c)) for leaf, c in group])
+                for buf, start, group, sums in stretches:
+                    self._place(
+                        [
+                            (leaf, c, _part(buf, start, c), crc)
+                            for (leaf, c), crc in zip(group, sums, strict=True)
+                        ]
+                    )
         else:
             self.source.fetch()
-            self._place([(leaf, c, self._remote(leaf, c)) for leaf, c in parts])
+            self._place([(leaf, c, self._remote(leaf, c), None) for leaf, c in parts])
         for leaf in self.leaves:
             if leaf.devices and (
                 len(leaf.placed) != len(leaf.devices) or any(p is None for p in leaf.placed)
@@ -218,8 +225,12 @@ class BulkReads:
         data = self.source.chunk_bytes(leaf.meta["name"], chunk.key, chunk.where)
         return np.frombuffer(data, np.uint8)
 
-    def _local(self, parts: list[_Part]) -> Generator[tuple[np.ndarray, int, list[_Part]]]:
-        """Each stretch read: its bytes, its first byte's offset, the chunks in it.
+    def _local(
+        self, parts: list[_Part]
+    ) -> Generator[tuple[np.ndarray, int, list[_Part], list[int | None]]]:
+        """Each stretch read: its bytes, first byte's offset, chunks, and their sums.
+
+        The sums are each chunk's CRC-32C, computed as it was read (None: not computed).
 
         The next stretches are read on a thread of their own while the caller checks
         and places this one: a cold read then waits for the disk and the CPU at once,
@@ -228,12 +239,13 @@ class BulkReads:
         files: dict[str, int] = {}
         plan = list(_stretches(parts))
         pool = ThreadPoolExecutor(1, thread_name_prefix="nbckpt-pack-read")
-        ahead: collections.deque[Future[np.ndarray]] = collections.deque()
+        ahead: collections.deque[Future[tuple[np.ndarray, list[int | None]]]] = collections.deque()
         try:
             for i, (_, start, _, group) in enumerate(plan):
                 while len(ahead) <= READ_AHEAD and i + len(ahead) < len(plan):
                     ahead.append(pool.submit(self._stretch, files, plan[i + len(ahead)]))
-                yield ahead.popleft().result(), start, group
+                buf, sums = ahead.popleft().result()
+                yield buf, start, group, sums
         finally:
             for fut in ahead:
                 fut.cancel()
@@ -241,8 +253,16 @@ class BulkReads:
             for fd in files.values():
                 os.close(fd)
 
-    def _stretch(self, files: dict[str, int], stretch: _Stretch) -> np.ndarray:
-        """Read one stretch of a pack (on the read-ahead thread, which alone opens files)."""
+    def _stretch(
+        self, files: dict[str, int], stretch: _Stretch
+    ) -> tuple[np.ndarray, list[int | None]]:
+        """Read one stretch of a pack (on the read-ahead thread, which alone opens files).
+
+        Returns its bytes and, for each of its chunks checked with CRC-32C, the CRC-32C
+        of its bytes: the stretch is read a piece at a time, and each chunk checksummed
+        as soon as it is all in, while it is still in the CPU's cache (see
+        :mod:`~nbckpt.engine.restore.chunkfiles`).
+        """
         file, start, stop, group = stretch
         fd = files.get(file)
         if fd is None:
@@ -253,24 +273,42 @@ class BulkReads:
         # Aligned as the pack's chunks are (``PACK_ALIGN``): a leaf's view of the
         # stretch then goes to a CPU device as it is, not copied once more.
         buf = aligned_empty((stop - start,), np.dtype(np.uint8))
-        got = pread_full(fd, buf, start)
+        extend = crc32c_extend()
+        summed = [c.expected is not None and c.expected[0] == _checksum.CRC32C for _, c in group]
+        sums: list[int | None] = [None] * len(group)
+        if extend is None or not any(summed):
+            got = pread_full(fd, buf, start)
+        else:
+            got, i = 0, 0  # bytes read; the first chunk not all in yet
+            while got < buf.nbytes:
+                piece = buf[got : got + SUM_PIECE]
+                n = pread_full(fd, piece, start + got)
+                got += n
+                # The group is in the pack's order: chunks end in order too.
+                while i < len(group) and (w := group[i][1].where).offset + w.nbytes <= start + got:
+                    if summed[i]:
+                        sums[i] = extend(0, buf[w.offset - start : w.offset - start + w.nbytes])
+                    i += 1
+                if n < piece.nbytes:
+                    break  # the pack ends here
         for leaf, chunk in group:
             if chunk.where.offset + chunk.where.nbytes > start + got:
                 raise self._damaged(leaf, chunk, f"its pack {file} is cut short")
-        return buf
+        return buf, sums
 
     def _damaged(self, leaf: BulkLeaf, chunk: BulkChunk, detail: str) -> CorruptCheckpointError:
         return self.source.damaged(leaf.meta["name"], chunk.key, detail)
 
-    def _place(self, parts: list[tuple[BulkLeaf, BulkChunk, np.ndarray]]) -> None:
+    def _place(self, parts: list[tuple[BulkLeaf, BulkChunk, np.ndarray, int | None]]) -> None:
         """Check each chunk's bytes, and keep each value for its devices.
 
-        The values stay on the host: a leaf's :meth:`BulkLeaf.result` puts all its
-        parts on their devices in one call.
+        Each part comes with its CRC-32C if it was computed as it was read. The values
+        stay on the host: a leaf's :meth:`BulkLeaf.result` puts all its parts on their
+        devices in one call.
         """
-        for leaf, chunk, raw in parts:
+        for leaf, chunk, raw, crc in parts:
             host = raw.view(leaf.dtype).reshape(chunk.shape)
-            if chunk.expected is not None:
+            if chunk.expected is not None and (crc is None or crc != chunk.expected[1]):
                 algorithm, expected = chunk.expected
                 # Checked typed: an older step's checksum may be of the swapped bytes.
                 if not _checksum.matches(host, algorithm, expected):
