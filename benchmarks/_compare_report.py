@@ -2,8 +2,9 @@
 
 The measuring stays in ``compare.py``; here are what a run keeps of each state and
 size (:class:`SizeResult`), the ratios with their spread over repetitions, the tables,
-the targets of issue 29 and the summary line. Other benchmarks take their size parsing
-and ratio helpers from here too.
+the older targets (issue 25's, at the headline size) and the summary line; issue 29's
+"done when" is judged in ``_compare_goals.py``. Other benchmarks take their size
+parsing and ratio helpers from here too.
 """
 
 from __future__ import annotations

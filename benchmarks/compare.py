@@ -42,6 +42,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path[:0] = [str(HERE), str(REPO)]
 
+from _compare_goals import goals, goals_table  # noqa: E402
 from _compare_report import (  # noqa: E402
     KEEP_MARK,
     JournalResult,
@@ -58,6 +59,8 @@ from engine_bench import drop_cache, scratch_dir  # noqa: E402  (the one copy of
 from nbckpt.procgroup import ProcessGroup  # noqa: E402
 
 W = "_workers"
+#: Rounds of barriers, each kind once a round: the ratio is judged on their median.
+BARRIER_ROUNDS = 15
 ENV = {"PYTHONPATH": os.pathsep.join([str(HERE), str(REPO)])}
 
 
@@ -391,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
                     group, base, nbytes, args.reps, orbax, log, layout
                 )
             log("barriers")
-            bar = bench_barriers(group, args.barriers, max(3, args.reps))
+            bar = bench_barriers(group, args.barriers, max(BARRIER_ROUNDS, args.reps))
             jsize = min(sizes, key=lambda s: abs(s - parse_size(args.scaling_size)))
             journal = None
             if "journal" not in skip:
@@ -415,6 +418,9 @@ def main(argv: list[str] | None = None) -> int:
     tables, targets = report(
         results, journal, bar, scaling, headline, args.processes, args.reps, state_rows
     )
+    done_when = goals(results, state_rows, bar)
+    tables += goals_table(done_when)
+    targets += done_when
     cli = argv if argv is not None else sys.argv[1:]
     head = [
         "# Benchmark results: nbckpt, Orbax and the disk's limit",

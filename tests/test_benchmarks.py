@@ -55,6 +55,7 @@ def test_compare_quick_reports_every_measure(tmp_path):
         "### Journal and live-view overhead",
         "### Throughput by process count",
         "### Targets",
+        "### Issue 29: done when",
     ):
         assert heading in report
     for measure in ("`save` blocks", "durable commit", "cold restore", "peak RSS"):
@@ -93,6 +94,10 @@ def test_compare_quick_reports_every_measure(tmp_path):
         r"barrier round trip vs the service's `wait_at_barrier`",
     ):
         assert re.search(rf"\| {name} \| [^|]+ \| [<>]= [\d.]+x? \| (yes|NO) \|", report), name
+    # Issue 29's goals: the barrier's judged; --quick's sizes stand for none of the states'.
+    goal = r"\| barrier round trip / jax `wait_at_barrier` \| [^|]+ \| <= 1\.0x \| (yes|NO) \|"
+    assert re.search(goal, report)
+    assert "| `transformer` 1 GiB durable save vs the plain-file limit | not run |" in report
     assert not list(tmp_path.glob("nbckpt-compare-*")), "the scratch directory was left behind"
 
 
