@@ -23,6 +23,9 @@ STATE_GOALS = (
 )
 #: The most memory a process may use, over the bytes it owns.
 MEMORY_BOUND = 1.1
+#: A state of ``nbytes`` stands for a goal's size if within this factor of it (the
+#: ``transformer`` state "of 256 MiB" holds 216 MiB).
+SIZE_SLACK = 1.25
 
 
 def paired(other: Sequence[float], nb: Sequence[float]) -> float:
@@ -32,8 +35,9 @@ def paired(other: Sequence[float], nb: Sequence[float]) -> float:
 
 
 def _near(rows: Sequence[SizeResult], layout: str, nominal: int) -> SizeResult | None:
-    """The run of ``layout`` nearest ``nominal`` bytes, if within a factor of 2."""
-    runs = [r for r in rows if r.layout == layout and nominal / 2 <= r.nbytes <= nominal * 2]
+    """The run of ``layout`` nearest ``nominal`` bytes, if within :data:`SIZE_SLACK`."""
+    lo, hi = nominal / SIZE_SLACK, nominal * SIZE_SLACK
+    runs = [r for r in rows if r.layout == layout and lo <= r.nbytes <= hi]
     return min(runs, key=lambda r: abs(r.nbytes - nominal), default=None)
 
 
@@ -90,17 +94,32 @@ def goals(
             None if worst is None else worst[0] > 1,
         )
     )
-    peaks = [max(r.nb_peak) / r.owned for r in rows if r.nb_peak and r.owned]
-    peak = max(peaks, default=float("nan"))
-    out.append(
-        Target(
-            "peak memory per process / owned bytes, every state",
-            "n/a" if peak != peak else f"{peak:.2f}",
-            f"<= {MEMORY_BOUND}",
-            None if peak != peak else peak <= MEMORY_BOUND,
-        )
-    )
+    out.append(_memory(rows))
     return out
+
+
+def _memory(rows: Sequence[SizeResult]) -> Target:
+    """Peak memory over owned bytes, judged on every state of the goals' sizes.
+
+    A smaller state's worst is shown beside it: there what a save holds per leaf
+    (metadata, checksums) weighs against few bytes per leaf (the 4,006-leaf state at
+    64 MiB, 16 MiB a process).
+    """
+    sizes = {nominal for _, nominal, _ in STATE_GOALS}
+
+    def judged(r: SizeResult) -> bool:
+        return any(n / SIZE_SLACK <= r.nbytes <= n * SIZE_SLACK for n in sizes)
+
+    peaks = [(max(r.nb_peak) / r.owned, r) for r in rows if r.nb_peak and r.owned]
+    big = max((p for p in peaks if judged(p[1])), key=lambda p: p[0], default=None)
+    small = max((p for p in peaks if not judged(p[1])), key=lambda p: p[0], default=None)
+    name = "peak memory per process / owned bytes, every state of those sizes"
+    figure = "n/a" if big is None else f"{big[0]:.2f} (`{big[1].layout}` {fmt_size(big[1].nbytes)})"
+    if small is not None:
+        figure += f"; smaller: {small[0]:.2f} (`{small[1].layout}` {fmt_size(small[1].nbytes)})"
+    return Target(
+        name, figure, f"<= {MEMORY_BOUND}", None if big is None else big[0] <= MEMORY_BOUND
+    )
 
 
 def goals_table(targets: Sequence[Target]) -> list[str]:
