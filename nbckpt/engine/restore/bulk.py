@@ -52,13 +52,25 @@ from nbckpt.formats import checksum as _checksum
 from nbckpt.formats.checksum import crc32c_extend
 from nbckpt.formats.packs import PackedChunk
 
-__all__ = ["GAP_BYTES", "READ_AHEAD", "STRETCH_BYTES", "BulkChunk", "BulkLeaf", "BulkReads"]
+__all__ = [
+    "FIRST_STRETCH_BYTES",
+    "GAP_BYTES",
+    "READ_AHEAD",
+    "STRETCH_BYTES",
+    "BulkChunk",
+    "BulkLeaf",
+    "BulkReads",
+]
 
 #: A local pack is read in stretches of at most this many bytes (more for one larger
 #: chunk): large enough that a stretch costs a few system calls for hundreds of leaves,
 #: small enough that what a restore holds besides the leaves themselves stays small
 #: (:data:`READ_AHEAD` more of them are read while one is placed).
-STRETCH_BYTES = 4 << 20
+STRETCH_BYTES = 8 << 20
+#: The first stretch of a restore is at most this long, each next one twice the one
+#: before, up to :data:`STRETCH_BYTES`: the leaves of the first are placed soon, while
+#: the later ones are read in long requests.
+FIRST_STRETCH_BYTES = 2 << 20
 #: Chunks less than this far apart in a pack are read with one request (the bytes in
 #: between, other processes' leaves, are read and dropped).
 GAP_BYTES = 64 << 10
@@ -357,6 +369,7 @@ def _stretches(parts: list[_Part]) -> Iterator[_Stretch]:
     ordered = sorted(parts, key=lambda p: (p[1].where.file, p[1].where.offset))
     group: list[_Part] = []
     file, start, stop = "", 0, 0
+    limit = FIRST_STRETCH_BYTES
     for part in ordered:
         w = part[1].where
         end = w.offset + w.nbytes
@@ -364,13 +377,14 @@ def _stretches(parts: list[_Part]) -> Iterator[_Stretch]:
             group
             and w.file == file
             and w.offset - stop < GAP_BYTES
-            and max(stop, end) - start <= STRETCH_BYTES
+            and max(stop, end) - start <= limit
         ):
             group.append(part)
             stop = max(stop, end)
             continue
         if group:
             yield file, start, stop, group
+            limit = min(2 * limit, STRETCH_BYTES)
         group, file, start, stop = [part], w.file, w.offset, end
     if group:
         yield file, start, stop, group
