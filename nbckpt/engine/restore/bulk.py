@@ -131,6 +131,9 @@ class BulkReads:
     def __init__(self, source: PackedSource) -> None:
         self.source = source
         self.leaves: list[BulkLeaf] = []
+        #: Each (sharding, shape, chunk grid) met so far and its :func:`_layout`: the
+        #: leaves of a state share a few (every layer's bias, say).
+        self._layouts: dict[tuple[Any, tuple[int, ...], tuple[int, ...]], _Layout | None] = {}
 
     def add(
         self,
@@ -156,42 +159,25 @@ class BulkReads:
         if dtype is not None and np.dtype(dtype) != saved:
             return None
         shape = tuple(int(s) for s in meta.get("shape", ()))
-        grid = [max(1, int(c)) for c in meta.get("chunks", shape)]
-        if sharding is None:
-            boxes: list[Box] = [tuple((0, d) for d in shape)]
-            devices: list[Any] = []
-        else:
+        grid = tuple(max(1, int(c)) for c in meta.get("chunks", shape))
+        if sharding is not None:
             check_x64(label, saved)
-            if sharding.is_fully_replicated:
-                # The common case, without asking the sharding where each device is
-                # (a leaf of several chunks then finds no chunk of its whole below).
-                devices = sorted(sharding.addressable_devices, key=lambda d: d.id)
-                boxes = [tuple((0, d) for d in shape)] * len(devices)
-            else:
-                placement = sharding.addressable_devices_indices_map(shape)
-                devices = list(placement)
-                whole: Box = tuple((0, d) for d in shape)
-                boxes = [_box(index, shape) if index else whole for index in placement.values()]
-        chunks: dict[str, BulkChunk] = {}
-        for i, box in enumerate(boxes):
-            key = _key(box, shape, grid)
-            if key is None:
-                return None  # the device needs a part of a chunk, or several chunks
-            chunk = chunks.get(key)
-            if chunk is None:
-                where = self.source.chunk(meta["name"], key)
-                size = tuple(b - a for a, b in box)
-                if where is None or where.nbytes != math.prod(size) * saved.itemsize:
-                    return None
-                expected = None if recorded is None else recorded.get(key)
-                if recorded is not None and expected is None:
-                    return None
-                chunk = chunks[key] = BulkChunk(key, where, size, expected)
-            if devices:
-                chunk.positions.append(i)
-        if not chunks or any(math.prod(c.shape) == 0 for c in chunks.values()):
-            return None
-        leaf = BulkLeaf(meta, label, shape, saved, sharding, devices, weak, list(chunks.values()))
+        layout = self._layouts.get((sharding, shape, grid), _UNKNOWN)
+        if layout is _UNKNOWN:
+            layout = self._layouts[sharding, shape, grid] = _layout(sharding, shape, grid)
+        if layout is None:
+            return None  # a device needs a part of a chunk, or several chunks
+        devices, boxes, parts = layout
+        chunks: list[BulkChunk] = []
+        for key, size, positions in parts:
+            where = self.source.chunk(meta["name"], key)
+            if where is None or where.nbytes != math.prod(size) * saved.itemsize:
+                return None
+            expected = None if recorded is None else recorded.get(key)
+            if recorded is not None and expected is None:
+                return None
+            chunks.append(BulkChunk(key, where, size, expected, positions))
+        leaf = BulkLeaf(meta, label, shape, saved, sharding, devices, weak, chunks)
         if not self.source.local:
             self.source.open(meta["name"], boxes)  # requested with the others
         self.leaves.append(leaf)
@@ -344,6 +330,48 @@ class BulkReads:
 _Part = tuple[BulkLeaf, BulkChunk]
 #: A stretch of one pack read at once: (file, first byte, end, the chunks in it).
 _Stretch = tuple[str, int, int, list[_Part]]
+
+
+#: Where a leaf's chunks go: this process's devices (none for a host value), the box
+#: each needs, and per chunk needed its key, shape and the positions of its devices.
+_Layout = tuple[list[Any], list[Box], list[tuple[str, tuple[int, ...], list[int]]]]
+_UNKNOWN: Any = object()
+
+
+def _layout(
+    sharding: jax.sharding.Sharding | None, shape: tuple[int, ...], grid: tuple[int, ...]
+) -> _Layout | None:
+    """Which chunk each device of a leaf needs; None unless each needs one whole chunk.
+
+    An empty chunk counts as none: such a leaf is left to the general path.
+    """
+    whole: Box = tuple((0, d) for d in shape)
+    devices: list[Any] = []
+    if sharding is None:
+        boxes: list[Box] = [whole]
+    elif sharding.is_fully_replicated:
+        # The common case, without asking the sharding where each device is (a leaf
+        # of several chunks then finds no chunk of its whole below).
+        devices = sorted(sharding.addressable_devices, key=lambda d: d.id)
+        boxes = [whole] * len(devices)
+    else:
+        placement = sharding.addressable_devices_indices_map(shape)
+        devices = list(placement)
+        boxes = [_box(index, shape) if index else whole for index in placement.values()]
+    parts: dict[str, tuple[str, tuple[int, ...], list[int]]] = {}
+    for i, box in enumerate(boxes):
+        key = _key(box, shape, list(grid))
+        if key is None:
+            return None
+        part = parts.get(key)
+        if part is None:
+            size = tuple(b - a for a, b in box)
+            if math.prod(size) == 0:
+                return None
+            part = parts[key] = (key, size, [])
+        if devices:
+            part[2].append(i)
+    return (devices, boxes, list(parts.values())) if parts else None
 
 
 def _box(index: tuple[slice, ...], shape: tuple[int, ...]) -> Box:
