@@ -289,7 +289,8 @@ def report(
         "Throughput ratios are nbckpt's GB/s over the other's (higher is better); the "
         "blocking ratio is nbckpt's time over Orbax's (lower is better). Peak memory is "
         "the largest over processes and repetitions, above the RSS at the start of the "
-        "save less the host buffers nbckpt kept from the save before (they count)."
+        "save less the memory of the host buffers nbckpt kept from the save before (what "
+        "its copies wrote in them; they count)."
     )
     lines.append("")
     if states:

@@ -308,7 +308,7 @@ def nb_save(
     else:
         ckptr = AsyncCheckpointer(root)
     # What the checkpointer holds from its last save counts as this save's memory.
-    peak = _Peak(_status_kib("VmRSS") * 1024 - ckptr._buffers.nbytes)
+    peak = _Peak(_status_kib("VmRSS") * 1024 - ckptr._buffers.resident)
     t0 = time.perf_counter()
     ckptr.save(step, _state["tree"], format=format, pack_bytes=pack_bytes)
     blocked = time.perf_counter() - t0

@@ -187,3 +187,25 @@ def test_a_shard_already_in_host_memory_is_copied_not_aliased(
     assert isinstance(w.data, np.ndarray)
     assert not np.shares_memory(w.data, np.asarray(host))
     assert np.array_equal(w.data, np.asarray(host))
+
+
+def test_the_memory_held_between_saves_is_what_copies_wrote() -> None:
+    """A slab's tail that no copy reached takes no memory: ``resident`` leaves it out."""
+    pool = HostBuffers()
+
+    def save(small: int) -> None:
+        loan = pool.loan()
+        loan.copy_of(np.ones(MIN_BYTES, np.uint8))  # a buffer of its own, all written
+        loan.copy_of(np.ones(small, np.uint8))  # cut from a slab of SLAB_BYTES
+        loan.taken()
+        loan.end(ok=True)
+
+    save(1000)
+    assert pool.nbytes == MIN_BYTES + SLAB_BYTES
+    assert pool.resident == MIN_BYTES + 1000
+    save(3000)  # the same slab, further in
+    assert pool.resident == MIN_BYTES + 3000
+    save(10)  # what an earlier save wrote is still memory taken
+    assert pool.resident == MIN_BYTES + 3000
+    pool.clear()
+    assert pool.resident == pool.nbytes == 0

@@ -64,13 +64,25 @@ class HostBuffers:
     def __init__(self, keep: bool = True) -> None:
         self.keep = keep
         self._free: dict[int, list[mmap.mmap]] = {}
+        #: The bytes of each held buffer (by ``id``) that a copy wrote at some save.
+        self._touched: dict[int, int] = {}
         self._lock = threading.Lock()
 
     @property
     def nbytes(self) -> int:
-        """Bytes held for the next save."""
+        """Bytes held for the next save (the buffers' sizes)."""
         with self._lock:
             return sum(n * len(ms) for n, ms in self._free.items())
+
+    @property
+    def resident(self) -> int:
+        """Bytes of the held buffers that copies wrote: the memory they take.
+
+        A slab's tail that no copy reached was never touched, so it takes no memory
+        (to the page); :attr:`nbytes` counts it.
+        """
+        with self._lock:
+            return sum(self._touched.get(id(m), len(m)) for ms in self._free.values() for m in ms)
 
     def loan(self) -> Loan:
         """Start lending to one save."""
@@ -80,24 +92,29 @@ class HostBuffers:
         """Free every buffer held (the memory returns once no array uses it)."""
         with self._lock:
             self._free.clear()
+            self._touched.clear()
 
-    def _take(self, nbytes: int) -> mmap.mmap:
+    def _take(self, nbytes: int) -> tuple[mmap.mmap, int]:
+        """A buffer of ``nbytes``, and how much of it copies wrote before."""
         with self._lock:
             stack = self._free.get(nbytes)
             if stack:
-                return stack.pop()
-        return _mapping(nbytes)
+                m = stack.pop()
+                return m, self._touched.pop(id(m), 0)
+        return _mapping(nbytes), 0
 
-    def _put(self, lent: list[mmap.mmap]) -> None:
+    def _put(self, lent: list[mmap.mmap], touched: dict[int, int]) -> None:
         with self._lock:
             # Only the last save's buffers are kept: a state that changed shape does not
             # leave the old sizes behind.
             self._free.clear()
+            self._touched.clear()
             if self.keep:
                 # Stacked so that the next save, copying in the same order, gets each
                 # buffer back where this one had it.
                 for m in reversed(lent):
                     self._free.setdefault(len(m), []).append(m)
+                    self._touched[id(m)] = touched.get(id(m), len(m))
 
 
 class Loan:
@@ -106,8 +123,11 @@ class Loan:
     def __init__(self, owner: HostBuffers) -> None:
         self._owner = owner
         self._lent: list[mmap.mmap] = []
+        #: The bytes of each lent buffer (by ``id``) that copies wrote, at any save.
+        self._touched: dict[int, int] = {}
         self._open = True
         self._slab: memoryview | None = None  # the slab small copies are cut from now
+        self._slab_id = 0  # its buffer's id
         self._used = 0  # bytes of it cut so far
 
     def empty(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
@@ -120,17 +140,21 @@ class Loan:
             return np.frombuffer(self._cut(nbytes), dtype=dtype).reshape(shape)
         return np.frombuffer(self._borrow(nbytes), dtype=dtype).reshape(shape)
 
-    def _borrow(self, nbytes: int) -> mmap.mmap:
-        m = self._owner._take(nbytes)
+    def _borrow(self, nbytes: int, whole: bool = True) -> mmap.mmap:
+        """A buffer of ``nbytes``: all of it written by the copy (``whole``), or cut up."""
+        m, before = self._owner._take(nbytes)
         self._lent.append(m)
+        self._touched[id(m)] = nbytes if whole else before
         return m
 
     def _cut(self, nbytes: int) -> memoryview:
         """``nbytes`` of the current slab, or of a new one where it has too few left."""
         start = -(-self._used // _ALIGN) * _ALIGN
         if self._slab is None or start + nbytes > len(self._slab):
-            self._slab, start = memoryview(self._borrow(SLAB_BYTES)), 0
+            slab = self._borrow(SLAB_BYTES, whole=False)
+            self._slab, self._slab_id, start = memoryview(slab), id(slab), 0
         self._used = start + nbytes
+        self._touched[self._slab_id] = max(self._touched[self._slab_id], self._used)
         return self._slab[start : self._used]
 
     def copy_of(self, array: np.ndarray, dtype: Any = None) -> np.ndarray:
@@ -159,4 +183,4 @@ class Loan:
         self._slab = None
         lent, self._lent = self._lent, []
         if ok:
-            self._owner._put(lent)
+            self._owner._put(lent, self._touched)
