@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nbckpt.engine import AsyncCheckpointer
-from nbckpt.engine.restore import bulk, packed
+from nbckpt.engine.restore import chunkfiles, packed
 from nbckpt.errors import CorruptCheckpointError
 from nbckpt.formats import checksum
 from nbckpt.formats.checksum import read_checksums
@@ -143,7 +143,7 @@ def test_a_flipped_byte_in_a_pack_names_the_leaf_and_the_pack(tmp_path):
 
 @pytest.mark.parametrize("piece", [1 << 20, 100])  # 100: chunks span pieces
 def test_packed_chunks_are_checksummed_as_they_are_read(tmp_path, monkeypatch, piece):
-    monkeypatch.setattr(bulk, "SUM_PIECE", piece)
+    monkeypatch.setattr(chunkfiles, "SUM_PIECE", piece)
     step = _save(tmp_path)
     rechecked: list[int] = []
     real = checksum.matches

@@ -33,7 +33,7 @@ import collections
 import contextlib
 import math
 import os
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,7 +42,7 @@ import jax
 import numpy as np
 
 from nbckpt.engine.arrays.zarr import chunk_key
-from nbckpt.engine.restore.chunkfiles import SUM_PIECE, pread_full
+from nbckpt.engine.restore.chunkfiles import pread_full, read_pieces
 from nbckpt.engine.restore.packed import PackedSource
 from nbckpt.engine.restore.protocols import Box
 from nbckpt.engine.restore.reads import aligned_empty, leaf_value
@@ -162,9 +162,10 @@ class BulkReads:
         grid = tuple(max(1, int(c)) for c in meta.get("chunks", shape))
         if sharding is not None:
             check_x64(label, saved)
-        layout = self._layouts.get((sharding, shape, grid), _UNKNOWN)
-        if layout is _UNKNOWN:
-            layout = self._layouts[sharding, shape, grid] = _layout(sharding, shape, grid)
+        known = (sharding, shape, grid)
+        if known not in self._layouts:
+            self._layouts[known] = _layout(sharding, shape, grid)
+        layout = self._layouts[known]
         if layout is None:
             return None  # a device needs a part of a chunk, or several chunks
         devices, boxes, parts = layout
@@ -278,17 +279,12 @@ class BulkReads:
             got = pread_full(fd, buf, start)
         else:
             got, i = 0, 0  # bytes read; the first chunk not all in yet
-            while got < buf.nbytes:
-                piece = buf[got : got + SUM_PIECE]
-                n = pread_full(fd, piece, start + got)
-                got += n
+            for got in read_pieces(fd, buf, start):
                 # The group is in the pack's order: chunks end in order too.
                 while i < len(group) and (w := group[i][1].where).offset + w.nbytes <= start + got:
                     if summed[i]:
                         sums[i] = extend(0, buf[w.offset - start : w.offset - start + w.nbytes])
                     i += 1
-                if n < piece.nbytes:
-                    break  # the pack ends here
         for leaf, chunk in group:
             if chunk.where.offset + chunk.where.nbytes > start + got:
                 raise self._damaged(leaf, chunk, f"its pack {file} is cut short")
@@ -335,7 +331,6 @@ _Stretch = tuple[str, int, int, list[_Part]]
 #: Where a leaf's chunks go: this process's devices (none for a host value), the box
 #: each needs, and per chunk needed its key, shape and the positions of its devices.
 _Layout = tuple[list[Any], list[Box], list[tuple[str, tuple[int, ...], list[int]]]]
-_UNKNOWN: Any = object()
 
 
 def _layout(
@@ -360,7 +355,7 @@ def _layout(
         boxes = [_box(index, shape) if index else whole for index in placement.values()]
     parts: dict[str, tuple[str, tuple[int, ...], list[int]]] = {}
     for i, box in enumerate(boxes):
-        key = _key(box, shape, list(grid))
+        key = _key(box, shape, grid)
         if key is None:
             return None
         part = parts.get(key)
@@ -378,7 +373,7 @@ def _box(index: tuple[slice, ...], shape: tuple[int, ...]) -> Box:
     return tuple(sl.indices(d)[:2] for sl, d in zip(index, shape, strict=True))
 
 
-def _key(box: Box, shape: tuple[int, ...], grid: list[int]) -> str | None:
+def _key(box: Box, shape: tuple[int, ...], grid: Sequence[int]) -> str | None:
     """The key of the chunk whose region is exactly ``box``; None if there is none."""
     for (a, b), d, c in zip(box, shape, grid, strict=True):
         if a % c or b != min(a + c, d):
