@@ -17,8 +17,8 @@ and each piece gets its CRC-32C right after it is read, while it is still in the
 cache: 29 GB/s there against 15 GB/s for a chunk of 32 MiB read back from memory, on
 the same machine. The restore then compares the sum with the recorded one instead of
 reading the chunk again (:func:`~nbckpt.engine.restore.reads.LeafRead.check`). Same
-restore, cold, medians of 10, before and after alternating: 0.47 s to 0.38 s at
-1 GiB, 0.17 s to 0.14 s at 256 MiB.
+restore, cold, medians of 12, before and after alternating: 0.50 s to 0.38 s at
+1 GiB, 0.20 s to 0.14 s at 256 MiB.
 
 Anything else goes through tensorstore as before: an object store, another layout, a
 region that is not made of whole chunks stored as contiguous stretches of it, an edge
