@@ -3,7 +3,7 @@
 Each goal is judged on the median over repetitions of the ratio within a repetition
 (:func:`~_compare_report.spread`), which the machine's noise moves less than a ratio
 of medians; the smallest and largest are shown beside it. A goal whose state or size
-was not run reads n/a.
+was not run reads "not run", and is not judged.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
-from _compare_report import SizeResult, StateRow, Target, fmt_size, spread
+from _compare_report import SizeResult, StateRow, Target, fmt_size, paired_ratios, spread
 
 #: (state, nominal size, bound) for the plain-file limit, save and restore alike.
 STATE_GOALS = (
@@ -30,7 +30,7 @@ SIZE_SLACK = 1.25
 
 def paired(other: Sequence[float], nb: Sequence[float]) -> float:
     """Median over repetitions of ``other[i] / nb[i]`` (NaN without data)."""
-    ratios = [o / b for o, b in zip(other, nb, strict=False) if b > 0 and o == o]
+    ratios = paired_ratios(other, nb)
     return statistics.median(ratios) if ratios else float("nan")
 
 

@@ -86,13 +86,18 @@ def ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}x"
 
 
+def paired_ratios(other: Sequence[float], nb: Sequence[float]) -> list[float]:
+    """``other[i] / nb[i]`` for each repetition that measured both, sorted."""
+    return sorted(o / b for o, b in zip(other, nb, strict=False) if b > 0 and o == o)
+
+
 def spread(other: Sequence[float], nb: Sequence[float]) -> str:
     """nbckpt's speed over the other's, per repetition: ``median (min-max)``.
 
     Each repetition pairs the two times measured in it (``other[i] / nb[i]``: above 1
     nbckpt is faster), so the spread shows how much the noisy machine moved the ratio.
     """
-    ratios = sorted(o / b for o, b in zip(other, nb, strict=False) if b > 0 and o == o)
+    ratios = paired_ratios(other, nb)
     if not ratios:
         return "n/a"
     if len(ratios) == 1:
