@@ -10,12 +10,13 @@ chunk grids, futures and their callbacks. Through that machinery, a 4,006-leaf s
 spent about 90 µs of Python per leaf. :class:`BulkReads` reads all such leaves of a
 restore together instead:
 
-- a local pack in stretches of at most :data:`STRETCH_BYTES`, a few ``preadv`` each (a
-  pack's chunks lie in the order they were written), read ahead on a thread
-  while the stretch before is checked and placed; an object store's with the pack
-  source's own coalesced range requests;
+- a local pack in stretches of at most :data:`STRETCH_BYTES` (a pack's chunks lie in
+  the order they were written), each mapped from the page cache where the system can
+  (:mod:`~nbckpt.engine.restore.mapped`), else read with a few ``preadv``, on a thread
+  of its own ahead of the stretch being checked and placed; an object store's with
+  the pack source's own coalesced range requests;
 - each leaf's bytes are checked against their recorded checksum as a view of its
-  stretch, before any value is used; a local stretch is read a piece at a time and
+  stretch, before any value is used; a stretch that is read comes a piece at a time,
   each chunk checksummed as soon as it is in, while still in the CPU's cache;
 - each leaf goes to its devices in one call when it is assembled
   (:func:`~nbckpt.engine.restore.assemble.assemble`); a CPU device takes its view of
@@ -43,6 +44,7 @@ import numpy as np
 
 from nbckpt.engine.arrays.zarr import chunk_key
 from nbckpt.engine.restore.chunkfiles import pread_full, read_pieces
+from nbckpt.engine.restore.mapped import can_map, map_range
 from nbckpt.engine.restore.packed import PackedSource
 from nbckpt.engine.restore.protocols import Box
 from nbckpt.engine.restore.reads import aligned_empty, leaf_value
@@ -255,11 +257,12 @@ class BulkReads:
     def _stretch(
         self, files: dict[str, int], stretch: _Stretch
     ) -> tuple[np.ndarray, list[int | None]]:
-        """Read one stretch of a pack (on the read-ahead thread, which alone opens files).
+        """Map or read one stretch of a pack (on the read-ahead thread, which alone opens files).
 
         Returns its bytes and, for each of its chunks checked with CRC-32C, the CRC-32C
-        of its bytes: the stretch is read a piece at a time, and each chunk checksummed
-        as soon as it is all in, while it is still in the CPU's cache (see
+        of its bytes. A mapped stretch (:mod:`~nbckpt.engine.restore.mapped`) is
+        checksummed once it is in; one that is read comes a piece at a time, each chunk
+        checksummed as soon as it is all in, while it is still in the CPU's cache (see
         :mod:`~nbckpt.engine.restore.chunkfiles`).
         """
         file, start, stop, group = stretch
@@ -269,22 +272,35 @@ class BulkReads:
                 fd = files[file] = os.open(str(self.source.directory / file), os.O_RDONLY)
             except FileNotFoundError:
                 raise self._damaged(*group[0], f"its pack {file} is missing") from None
-        # Aligned as the pack's chunks are (``PACK_ALIGN``): a leaf's view of the
-        # stretch then goes to a CPU device as it is, not copied once more.
-        buf = aligned_empty((stop - start,), np.dtype(np.uint8))
         extend = crc32c_extend()
         summed = [c.expected is not None and c.expected[0] == _checksum.CRC32C for _, c in group]
         sums: list[int | None] = [None] * len(group)
-        if extend is None or not any(summed):
-            got = pread_full(fd, buf, start)
+        mapped = map_range(fd, start, stop) if can_map() else None
+        if mapped is not None:
+            # The page cache's own pages (see nbckpt.engine.restore.mapped): checksummed
+            # where they lie, each chunk that the file holds whole.
+            buf, end = mapped
+            got = end - start
+            for i, (_, c) in enumerate(group):
+                w = c.where
+                if extend is not None and summed[i] and w.offset + w.nbytes <= end:
+                    sums[i] = extend(0, buf[w.offset - start : w.offset - start + w.nbytes])
         else:
-            got, i = 0, 0  # bytes read; the first chunk not all in yet
-            for got in read_pieces(fd, buf, start):
-                # The group is in the pack's order: chunks end in order too.
-                while i < len(group) and (w := group[i][1].where).offset + w.nbytes <= start + got:
-                    if summed[i]:
-                        sums[i] = extend(0, buf[w.offset - start : w.offset - start + w.nbytes])
-                    i += 1
+            # Aligned as the pack's chunks are (``PACK_ALIGN``): a leaf's view of the
+            # stretch then goes to a CPU device as it is, not copied once more.
+            buf = aligned_empty((stop - start,), np.dtype(np.uint8))
+            if extend is None or not any(summed):
+                got = pread_full(fd, buf, start)
+            else:
+                got, i = 0, 0  # bytes read; the first chunk not all in yet
+                for got in read_pieces(fd, buf, start):
+                    # The group is in the pack's order: chunks end in order too.
+                    while (
+                        i < len(group) and (w := group[i][1].where).offset + w.nbytes <= start + got
+                    ):
+                        if summed[i]:
+                            sums[i] = extend(0, buf[w.offset - start : w.offset - start + w.nbytes])
+                        i += 1
         for leaf, chunk in group:
             if chunk.where.offset + chunk.where.nbytes > start + got:
                 raise self._damaged(leaf, chunk, f"its pack {file} is cut short")
