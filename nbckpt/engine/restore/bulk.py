@@ -18,9 +18,9 @@ restore together instead:
 - each leaf's bytes are checked against their recorded checksum as a view of its
   stretch, before any value is used; a stretch that is read comes a piece at a time,
   each chunk checksummed as soon as it is in, while still in the CPU's cache;
-- each leaf goes to its devices in one call when it is assembled
-  (:func:`~nbckpt.engine.restore.assemble.assemble`); a CPU device takes its view of
-  the stretch as it is, the pack's chunks being aligned
+- each leaf goes to its devices in one call as soon as its parts are in, while the
+  next stretch is read (:func:`~nbckpt.engine.restore.assemble.assemble`); a CPU
+  device takes its view of the stretch as it is, the pack's chunks being aligned
   (:data:`~nbckpt.formats.packs.PACK_ALIGN`), so a stretch lives as long as a leaf
   read from it.
 
@@ -108,6 +108,9 @@ class BulkLeaf:
     chunks: list[BulkChunk]
     #: The host value, or one array per device of ``devices``, once read.
     placed: list[Any] = field(default_factory=list)
+    #: The restored leaf, made as soon as every part is placed (see :meth:`result`).
+    value: Any = None
+    made: bool = False
 
     @property
     def nbytes(self) -> int:
@@ -116,9 +119,12 @@ class BulkLeaf:
 
     def result(self) -> Any:
         """The restored leaf (see :func:`~nbckpt.engine.restore.reads.leaf_value`)."""
-        return leaf_value(
-            self.meta, self.shape, self.sharding, self.devices, self.placed, self.weak
-        )
+        if not self.made:
+            self.value = leaf_value(
+                self.meta, self.shape, self.sharding, self.devices, self.placed, self.weak
+            )
+            self.made = True
+        return self.value
 
 
 class BulkReads:
@@ -336,6 +342,9 @@ class BulkReads:
                 leaf.placed = [None] * len(leaf.devices)
             for i in chunk.positions:
                 leaf.placed[i] = host
+            if all(p is not None for p in leaf.placed):
+                # Made now, while the next stretch is read, not after the last one.
+                leaf.result()
 
 
 #: A chunk of a leaf, as the reads handle it.

@@ -19,6 +19,7 @@ checksums, so those reads are not checked. What a target asks for, and its check
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 import jax
@@ -230,14 +231,21 @@ def _restore_nbckpt(
             f"{directory} is an nbckpt step, which holds one tree; item={item!r} applies to "
             "Orbax CheckpointManager steps only"
         )
-    meta = read_metadata(directory)
-    if meta is None:
-        raise CheckpointDataError(f"cannot read {metadata_path(directory)}; run fsck on the root")
-    by_name = {m["name"]: m for m in meta["leaves"]}
-    # The checksums files also say where packed leaves lie: read even without checks.
     packs: PackIndex = {}
-    needed = verify or any(is_packed(m) for m in meta["leaves"])
-    read = _recorded(directory, packs) if needed else None
+    with ThreadPoolExecutor(1, thread_name_prefix="nbckpt-checksums") as early:
+        # Checked, the checksums are read while the metadata is: two cold reads at once.
+        sums_read = early.submit(_recorded, directory, packs) if verify else None
+        meta = read_metadata(directory)
+        if meta is None:
+            raise CheckpointDataError(
+                f"cannot read {metadata_path(directory)}; run fsck on the root"
+            )
+        # The checksums files also say where packed leaves lie: read even without checks.
+        needed = verify or any(is_packed(m) for m in meta["leaves"])
+        read = _recorded(directory, packs) if sums_read is None and needed else None
+        if sums_read is not None:
+            read = sums_read.result()
+    by_name = {m["name"]: m for m in meta["leaves"]}
     recorded = read if verify else None
     source = source_for(directory, meta, packs)
     if needed and read is None and meta.get("checksums"):
