@@ -54,10 +54,15 @@ def _mappings(step: Path) -> list[str]:
         return [line for line in f if str(step) in line]
 
 
-def test_this_linux_maps_restores():
+def test_this_linux_maps_restores_on_local_file_systems_only(tmp_path, monkeypatch):
     # The project's machines run Linux 5.14 or later: a restore there maps.
     if platform.system() == "Linux" and _kernel_at_least(5, 14):
-        assert mapped.can_map()
+        assert mapped.can_map(tmp_path)
+        assert mapped._file_system("/proc/self") == "proc"
+        assert not mapped.can_map("/proc/self")
+    # A file system not known to be local (a network one, say) is read.
+    monkeypatch.setattr(mapped, "LOCAL_FILE_SYSTEMS", frozenset())
+    assert not mapped.can_map(tmp_path)
 
 
 def test_a_mapped_range_is_the_files_bytes_and_a_write_stays_in_the_process(tmp_path):
@@ -86,14 +91,14 @@ def test_a_restore_maps_its_files_and_gives_what_reading_gives(tmp_path, monkeyp
     want = _bytes(_state())
     out = AsyncCheckpointer(tmp_path).restore(1, target=_state())
     assert _bytes(out) == want
-    # The pack is mapped while the values live (where the system can: see
-    # test_this_linux_maps_restores); the large leaf's chunk file is read.
+    # The pack is mapped while the values live (where the system can, see the test
+    # above); the large leaf's chunk file is read.
     files = {line.split()[-1] for line in _mappings(step)}
-    assert files == ({str(step / PACK_DIR / "process_0")} if mapped.can_map() else set())
+    assert files == ({str(step / PACK_DIR / "process_0")} if mapped.can_map(step) else set())
     del out
     gc.collect()
     assert _mappings(step) == []  # and let go with them
-    monkeypatch.setattr(bulk, "can_map", lambda: False)
+    monkeypatch.setattr(bulk, "can_map", lambda directory: False)
     read = AsyncCheckpointer(tmp_path).restore(1, target=_state())
     assert _bytes(read) == want and _mappings(step) == []
 
@@ -146,6 +151,6 @@ def test_a_numpy_leaf_comes_back_writable_and_its_writes_stay_in_the_process(tmp
 def test_the_environment_can_turn_mapping_off(tmp_path, monkeypatch):
     step = _save(tmp_path)
     monkeypatch.setenv(mapped.MAP_ENV, "0")
-    assert not mapped.can_map()
+    assert not mapped.can_map(step)
     out = AsyncCheckpointer(tmp_path).restore(1, target=_state())
     assert _bytes(out) == _bytes(_state()) and _mappings(step) == []

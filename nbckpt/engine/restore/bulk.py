@@ -281,7 +281,7 @@ class BulkReads:
         extend = crc32c_extend()
         summed = [c.expected is not None and c.expected[0] == _checksum.CRC32C for _, c in group]
         sums: list[int | None] = [None] * len(group)
-        mapped = map_range(fd, start, stop) if can_map() else None
+        mapped = map_range(fd, start, stop) if can_map(str(self.source.directory)) else None
         if mapped is not None:
             # The page cache's own pages (see nbckpt.engine.restore.mapped): checksummed
             # where they lie, each chunk that the file holds whole.

@@ -18,18 +18,20 @@ read-ahead advice (sequential, ``WILLNEED`` on the file or on the mapping) made 
 for the fault-by-fault reads.
 
 What it asks of the files: a committed step's files are never written again, only
-removed (retention, a forced re-save, fsck), so a value that maps them keeps the bytes
-that were checked. A write to such a value (an XLA computation that reuses a donated
-buffer) lands in the process's own copy of the page, never in the file. A removed file
-stays readable while a value maps it: its disk space comes back when the value is
-dropped. A pack changed in place while a value maps it (something outside nbckpt
-rewriting a committed step) would change the value too, and one cut short would end
-the process with ``SIGBUS``; nbckpt never does either.
+removed (retention, a forced re-save, ``prune_after``), so a value that maps them
+keeps the bytes that were checked. A write to such a value (an XLA computation that
+reuses a donated buffer) lands in the process's own copy of the page, never in the
+file. A removed file stays readable while a value maps it: its disk space comes back
+when the value is dropped. A pack changed in place while a value maps it (something
+outside nbckpt rewriting a committed step) would change the value too, and one cut
+short would end the process with ``SIGBUS``; nbckpt never does either.
 
 The populate call reports a failed read as an error, where a first touch of the page
 would raise ``SIGBUS``: the mapping is used only where the call exists (Linux 5.14 and
-later) and the file can be mapped; anywhere else, and in a process whose
-:data:`MAP_ENV` is ``0``, packs are read as before.
+later), on a local file system (:data:`LOCAL_FILE_SYSTEMS`: on a network one another
+host may remove a file this one maps, and a page dropped since cannot come back) and
+where the file can be mapped; anywhere else, and in a process whose :data:`MAP_ENV` is
+``0``, packs are read as before.
 """
 
 from __future__ import annotations
@@ -37,11 +39,12 @@ from __future__ import annotations
 import functools
 import mmap
 import os
+import re
 import sys
 
 import numpy as np
 
-__all__ = ["MAP_ENV", "can_map", "map_range"]
+__all__ = ["LOCAL_FILE_SYSTEMS", "MAP_ENV", "can_map", "map_range"]
 
 #: ``MADV_POPULATE_READ`` (Linux 5.14): fault a range in, reading what is not in the
 #: page cache; a read that fails is the call's error, not a ``SIGBUS`` later.
@@ -54,12 +57,50 @@ _POPULATE_READ = 22
 MAP_ENV = "NBCKPT_RESTORE_MAP"
 
 
-def can_map() -> bool:
-    """Whether restores in this process map their files.
+#: File systems whose files stay as they were while mapped: local disks and memory. On
+#: a network file system another host can remove a file this one maps, and a page the
+#: kernel dropped then fails to come back (``SIGBUS``).
+LOCAL_FILE_SYSTEMS = frozenset(
+    {"bcachefs", "btrfs", "ext2", "ext3", "ext4", "f2fs", "overlay", "ramfs", "tmpfs", "xfs", "zfs"}
+)
 
-    They do where the system can (Linux 5.14 or later) and :data:`MAP_ENV` is not ``0``.
+
+def can_map(directory: str | os.PathLike[str]) -> bool:
+    """Whether a restore in this process maps the files in ``directory``.
+
+    It does where the system can (Linux 5.14 or later), the directory is on a local
+    file system (:data:`LOCAL_FILE_SYSTEMS`) and :data:`MAP_ENV` is not ``0``.
     """
-    return os.environ.get(MAP_ENV, "1") != "0" and _can_populate()
+    return (
+        os.environ.get(MAP_ENV, "1") != "0"
+        and _can_populate()
+        and _file_system(os.fspath(directory)) in LOCAL_FILE_SYSTEMS
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _file_system(directory: str) -> str | None:
+    """The type of the file system that holds ``directory`` (None: not found)."""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    path = os.path.realpath(directory)
+    found, depth = None, -1
+    for line in lines:
+        # "<id> <parent> <major:minor> <root> <mount point> <options> ... - <type> ..."
+        mine, _, theirs = line.partition(" - ")
+        fields, kind = mine.split(), theirs.split()
+        if len(fields) < 5 or not kind:
+            continue
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
+        inside = path == point or path.startswith(point.rstrip("/") + "/")
+        # The deepest mount point that holds the path; a later one of the same depth
+        # is mounted over the earlier.
+        if inside and len(point) >= depth:
+            found, depth = kind[0], len(point)
+    return found
 
 
 @functools.cache
