@@ -154,3 +154,15 @@ def test_the_environment_can_turn_mapping_off(tmp_path, monkeypatch):
     assert not mapped.can_map(step)
     out = AsyncCheckpointer(tmp_path).restore(1, target=_state())
     assert _bytes(out) == _bytes(_state()) and _mappings(step) == []
+
+
+def test_a_range_that_cannot_be_read_in_mapped_is_read_instead(tmp_path, monkeypatch):
+    step = _save(tmp_path)
+    monkeypatch.setattr(mapped, "_POPULATE_READ", 9999)  # the kernel refuses the advice
+    fd = os.open(step / PACK_DIR / "process_0", os.O_RDONLY)
+    try:
+        assert mapped.map_range(fd, 0, 100) is None
+    finally:
+        os.close(fd)
+    out = AsyncCheckpointer(tmp_path).restore(1, target=_state())
+    assert _bytes(out) == _bytes(_state()) and _mappings(step) == []

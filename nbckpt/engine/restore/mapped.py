@@ -27,7 +27,8 @@ outside nbckpt rewriting a committed step) would change the value too, and one c
 short would end the process with ``SIGBUS``; nbckpt never does either.
 
 The populate call reports a failed read as an error, where a first touch of the page
-would raise ``SIGBUS``: the mapping is used only where the call exists (Linux 5.14 and
+would raise ``SIGBUS`` (the stretch is then read, and the read reports the failure as
+it always has): the mapping is used only where the call exists (Linux 5.14 and
 later), on a local file system (:data:`LOCAL_FILE_SYSTEMS`: on a network one another
 host may remove a file this one maps, and a page dropped since cannot come back) and
 where the file can be mapped; anywhere else, and in a process whose :data:`MAP_ENV` is
@@ -126,12 +127,8 @@ def map_range(fd: int, start: int, stop: int) -> tuple[np.ndarray, int] | None:
     tuple or None
         The bytes (a writable view; a write goes to this process's own copy of the
         page, never to the file) and where they end: before ``stop`` when the file is
-        shorter. None when the file cannot be mapped (read it instead).
-
-    Raises
-    ------
-    OSError
-        If reading the bytes into the page cache failed.
+        shorter. None when the file cannot be mapped, or its bytes not read in so
+        (read them instead: the read reports what failed).
     """
     end = min(stop, os.fstat(fd).st_size)
     if end <= start:
@@ -147,6 +144,10 @@ def map_range(fd: int, start: int, stop: int) -> tuple[np.ndarray, int] | None:
             break
         except InterruptedError:
             continue
+        except OSError:
+            # A failed read, or no memory for the mapping: the read says which, as ever.
+            mapping.close()
+            return None
         except BaseException:
             mapping.close()
             raise
