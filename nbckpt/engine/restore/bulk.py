@@ -245,12 +245,14 @@ class BulkReads:
         """
         files: dict[str, int] = {}
         plan = list(_stretches(parts))
+        mapping = can_map(str(self.source.directory))
         pool = ThreadPoolExecutor(1, thread_name_prefix="nbckpt-pack-read")
         ahead: collections.deque[Future[tuple[np.ndarray, list[int | None]]]] = collections.deque()
         try:
             for i, (_, start, _, group) in enumerate(plan):
                 while len(ahead) <= READ_AHEAD and i + len(ahead) < len(plan):
-                    ahead.append(pool.submit(self._stretch, files, plan[i + len(ahead)]))
+                    stretch = plan[i + len(ahead)]
+                    ahead.append(pool.submit(self._stretch, files, stretch, mapping))
                 buf, sums = ahead.popleft().result()
                 yield buf, start, group, sums
         finally:
@@ -261,14 +263,15 @@ class BulkReads:
                 os.close(fd)
 
     def _stretch(
-        self, files: dict[str, int], stretch: _Stretch
+        self, files: dict[str, int], stretch: _Stretch, mapping: bool
     ) -> tuple[np.ndarray, list[int | None]]:
         """Map or read one stretch of a pack (on the read-ahead thread, which alone opens files).
 
         Returns its bytes and, for each of its chunks checked with CRC-32C, the CRC-32C
-        of its bytes. A mapped stretch (:mod:`~nbckpt.engine.restore.mapped`) is
-        checksummed once it is in; one that is read comes a piece at a time, each chunk
-        checksummed as soon as it is all in, while it is still in the CPU's cache (see
+        of its bytes. With ``mapping`` (what :func:`~nbckpt.engine.restore.mapped.can_map`
+        said of the step) the stretch is mapped where it can be, and checksummed once it
+        is in. One that is read comes a piece at a time, each chunk checksummed as soon
+        as it is all in, while it is still in the CPU's cache (see
         :mod:`~nbckpt.engine.restore.chunkfiles`).
         """
         file, start, stop, group = stretch
@@ -281,16 +284,15 @@ class BulkReads:
         extend = crc32c_extend()
         summed = [c.expected is not None and c.expected[0] == _checksum.CRC32C for _, c in group]
         sums: list[int | None] = [None] * len(group)
-        mapped = map_range(fd, start, stop) if can_map(str(self.source.directory)) else None
+        mapped = map_range(fd, start, stop) if mapping else None
         if mapped is not None:
             # The page cache's own pages (see nbckpt.engine.restore.mapped): checksummed
             # where they lie, each chunk that the file holds whole.
             buf, end = mapped
             got = end - start
             for i, (_, c) in enumerate(group):
-                w = c.where
-                if extend is not None and summed[i] and w.offset + w.nbytes <= end:
-                    sums[i] = extend(0, buf[w.offset - start : w.offset - start + w.nbytes])
+                if extend is not None and summed[i] and c.where.offset + c.where.nbytes <= end:
+                    sums[i] = extend(0, _part(buf, start, c))
         else:
             # Aligned as the pack's chunks are (``PACK_ALIGN``): a leaf's view of the
             # stretch then goes to a CPU device as it is, not copied once more.
@@ -305,7 +307,7 @@ class BulkReads:
                         i < len(group) and (w := group[i][1].where).offset + w.nbytes <= start + got
                     ):
                         if summed[i]:
-                            sums[i] = extend(0, buf[w.offset - start : w.offset - start + w.nbytes])
+                            sums[i] = extend(0, _part(buf, start, group[i][1]))
                         i += 1
         for leaf, chunk in group:
             if chunk.where.offset + chunk.where.nbytes > start + got:
