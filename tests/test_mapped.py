@@ -17,6 +17,7 @@ from nbckpt.engine.restore import bulk, mapped
 from nbckpt.errors import CorruptCheckpointError
 from nbckpt.formats.fsck import verify_step
 from nbckpt.formats.packs import PACK_DIR
+from nbckpt.storage.local import file_system
 
 
 def _kernel_at_least(major: int, minor: int) -> bool:
@@ -58,7 +59,7 @@ def test_this_linux_maps_restores_on_local_file_systems_only(tmp_path, monkeypat
     # The project's machines run Linux 5.14 or later: a restore there maps.
     if platform.system() == "Linux" and _kernel_at_least(5, 14):
         assert mapped.can_map(tmp_path)
-        assert mapped._file_system("/proc/self") == "proc"
+        assert file_system("/proc/self") == "proc"
         assert not mapped.can_map("/proc/self")
     # A file system not known to be local (a network one, say) is read.
     monkeypatch.setattr(mapped, "LOCAL_FILE_SYSTEMS", frozenset())

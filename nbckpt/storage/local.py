@@ -6,13 +6,15 @@ atomic rename: what makes rename mode safe on a local or shared POSIX file syste
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 import shutil
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-__all__ = ["fsync_dir", "remove_tree", "write_all_durable", "write_durable"]
+__all__ = ["file_system", "fsync_dir", "remove_tree", "write_all_durable", "write_durable"]
 
 #: Concurrent fsyncs of one batch: enough for the file system to group them.
 _FSYNC_THREADS = 16
@@ -66,3 +68,37 @@ def _fsync_path(path: Path, is_file: bool) -> None:
 def remove_tree(path: Path) -> None:
     """Delete a directory and everything in it."""
     shutil.rmtree(path)
+
+
+def file_system(directory: str | os.PathLike[str]) -> str | None:
+    """The type of the file system that holds ``directory`` (``ext4``, ``nfs``...).
+
+    Read from ``/proc/self/mountinfo``: the deepest mount point above the directory.
+    None where that cannot be read (not Linux) or no mount holds it. Remembered per
+    directory for the life of the process.
+    """
+    return _mounted_type(os.fspath(directory))
+
+
+@functools.lru_cache(maxsize=64)
+def _mounted_type(directory: str) -> str | None:
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    path = os.path.realpath(directory)
+    found, depth = None, -1
+    for line in lines:
+        # "<id> <parent> <major:minor> <root> <mount point> <options> ... - <type> ..."
+        mine, _, theirs = line.partition(" - ")
+        fields, kind = mine.split(), theirs.split()
+        if len(fields) < 5 or not kind:
+            continue
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
+        inside = path == point or path.startswith(point.rstrip("/") + "/")
+        # The deepest mount point that holds the path; a later one of the same depth
+        # is mounted over the earlier.
+        if inside and len(point) >= depth:
+            found, depth = kind[0], len(point)
+    return found

@@ -40,10 +40,11 @@ from __future__ import annotations
 import functools
 import mmap
 import os
-import re
 import sys
 
 import numpy as np
+
+from nbckpt.storage.local import file_system
 
 __all__ = ["LOCAL_FILE_SYSTEMS", "MAP_ENV", "can_map", "map_range"]
 
@@ -75,33 +76,8 @@ def can_map(directory: str | os.PathLike[str]) -> bool:
     return (
         os.environ.get(MAP_ENV, "1") != "0"
         and _can_populate()
-        and _file_system(os.fspath(directory)) in LOCAL_FILE_SYSTEMS
+        and file_system(directory) in LOCAL_FILE_SYSTEMS
     )
-
-
-@functools.lru_cache(maxsize=64)
-def _file_system(directory: str) -> str | None:
-    """The type of the file system that holds ``directory`` (None: not found)."""
-    try:
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    path = os.path.realpath(directory)
-    found, depth = None, -1
-    for line in lines:
-        # "<id> <parent> <major:minor> <root> <mount point> <options> ... - <type> ..."
-        mine, _, theirs = line.partition(" - ")
-        fields, kind = mine.split(), theirs.split()
-        if len(fields) < 5 or not kind:
-            continue
-        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
-        inside = path == point or path.startswith(point.rstrip("/") + "/")
-        # The deepest mount point that holds the path; a later one of the same depth
-        # is mounted over the earlier.
-        if inside and len(point) >= depth:
-            found, depth = kind[0], len(point)
-    return found
 
 
 @functools.cache
