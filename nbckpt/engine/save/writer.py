@@ -27,6 +27,7 @@ from nbckpt.engine.arrays.zarr import (
     open_for_write_async,
 )
 from nbckpt.engine.progress import ProgressReport
+from nbckpt.engine.save import direct as _direct
 from nbckpt.engine.save.snapshot import Snapshot
 from nbckpt.formats import checksum as _checksum
 from nbckpt.formats.packs import PACK_ALIGN, PACK_KEY, is_packed, pack_entry, pack_file
@@ -91,7 +92,9 @@ def write_shards(
     """Write this process's shards into the arrays under ``directory``.
 
     All chunk writes are issued at once so tensorstore overlaps them; each completes
-    only once its file is fsync'd. ``progress`` receives the bytes durable so far
+    only once its file is fsync'd. On a local disk that takes them, large chunks of
+    nbckpt's own layout are written with ``O_DIRECT`` instead, by
+    :mod:`~nbckpt.engine.save.direct` (same bytes, also made durable one by one). ``progress`` receives the bytes durable so far
     (chunks counted in the order they were issued; a local pack's pieces as they are
     written to its file, which is fsync'd before the phase ends), as :class:`ProgressReport` says:
     after each eighth of the bytes, and at least every ``progress_interval_s`` while
@@ -136,11 +139,23 @@ def write_shards(
 
     opener = open_store or open_leaf
     packed = {name for name, m in metas.items() if is_packed(m)}
-    # Every leaf's opening is started before any is waited for.
-    openings = {w.leaf: opener(w.leaf) for w in snap.writes if w.leaf not in packed}
+    slowdown = hooks.io_slowdown()
+    # Large chunks of nbckpt's own layout on a local disk are written here, not by
+    # tensorstore (see :mod:`.direct`); a leaf is then opened only for a chunk that
+    # cannot be. An injected slowdown times tensorstore's writes, one by one.
+    folder = directory if isinstance(directory, Path) else None
+    direct = (
+        folder is not None
+        and open_store is None
+        and slowdown <= 1
+        and _direct.can_write_direct(folder.parent)
+    )
+    # Otherwise every leaf's opening is started before any is waited for.
+    openings = (
+        {} if direct else {w.leaf: opener(w.leaf) for w in snap.writes if w.leaf not in packed}
+    )
     pack = _Pack()
     stores: dict[str, Any] = {}
-    slowdown = hooks.io_slowdown()
     waiter = _Waiter(watch, watch_interval_s)
     report = ProgressReport(progress, snap.nbytes, interval_s=progress_interval_s)
     counting = threading.Lock()
@@ -158,29 +173,38 @@ def write_shards(
         checksums[_checksum.ALGORITHM_KEY] = algorithm
     try:
         for w in snap.writes:
-            store = None
-            if w.leaf not in packed:
-                store = stores.get(w.leaf)
-                if store is None:
-                    store = stores[w.leaf] = openings[w.leaf].result()
             host = np.asarray(w.data)  # for a device array, waits for its host copy
             itemsize = host.dtype.itemsize
-            regions = chunk_regions(w.index, shapes_of[w.leaf], chunks_of[w.leaf])
+            chunks = chunks_of[w.leaf]
+            regions = chunk_regions(w.index, shapes_of[w.leaf], chunks)
             for i, (glob, local) in enumerate(regions):
                 if i % w.parts != w.part:
                     continue  # another replica of this shard writes that chunk
                 part = host[local]
                 nbytes = math.prod(part.shape) * itemsize
-                key = chunk_key(glob, chunks_of[w.leaf])
-                if store is None:
+                key = chunk_key(glob, chunks)
+                if w.leaf in packed:
                     shape = shapes_of[w.leaf]
                     whole = all(g.stop - g.start == d for g, d in zip(glob, shape, strict=True))
                     pack.add(w.leaf, key, part, whole)
-                elif slowdown > 1:
-                    deferred.append((store[glob], part, nbytes))
+                elif (
+                    direct
+                    and folder is not None
+                    and _direct.suits(
+                        part, all(g.stop - g.start == c for g, c in zip(glob, chunks, strict=True))
+                    )
+                ):
+                    pending.append((_direct.write_file(folder / w.leaf / key, part), nbytes))
                 else:
-                    fut = store[glob].write(part, can_reference_source_data_indefinitely=True)
-                    pending.append((fut, nbytes))
+                    store = stores.get(w.leaf)
+                    if store is None:
+                        opening = openings.get(w.leaf) or opener(w.leaf)
+                        store = stores[w.leaf] = opening.result()
+                    if slowdown > 1:
+                        deferred.append((store[glob], part, nbytes))
+                    else:
+                        fut = store[glob].write(part, can_reference_source_data_indefinitely=True)
+                        pending.append((fut, nbytes))
                 if checksums is not None:
                     # Computed while tensorstore's threads write the chunk; neither CRC
                     # holds the GIL while it runs.
