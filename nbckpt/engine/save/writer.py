@@ -94,9 +94,10 @@ def write_shards(
     All chunk writes are issued at once so tensorstore overlaps them; each completes
     only once its file is fsync'd. On a local disk that takes them, large chunks of
     nbckpt's own layout are written with ``O_DIRECT`` instead, by
-    :mod:`~nbckpt.engine.save.direct` (same bytes, also made durable one by one). ``progress`` receives the bytes durable so far
-    (chunks counted in the order they were issued; a local pack's pieces as they are
-    written to its file, which is fsync'd before the phase ends), as :class:`ProgressReport` says:
+    :mod:`~nbckpt.engine.save.direct` (same bytes, also made durable one by one).
+    ``progress`` receives the bytes durable so far (chunks counted in the order they
+    were issued; a local pack's pieces as they are written to its file, which is
+    fsync'd before the phase ends), as :class:`ProgressReport` says:
     after each eighth of the bytes, and at least every ``progress_interval_s`` while
     chunks complete, from the first one on (also while later writes are still being
     issued); ``write_done`` carries the last count. ``watch`` runs every
