@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from nbckpt.engine import AsyncCheckpointer
-from nbckpt.engine.restore import bulk, mapped
+from nbckpt.engine.restore import bulk, mapped, reads
 from nbckpt.errors import CorruptCheckpointError
 from nbckpt.formats.fsck import verify_step
 from nbckpt.formats.packs import PACK_DIR
@@ -92,14 +92,16 @@ def test_a_restore_maps_its_files_and_gives_what_reading_gives(tmp_path, monkeyp
     want = _bytes(_state())
     out = AsyncCheckpointer(tmp_path).restore(1, target=_state())
     assert _bytes(out) == want
-    # The pack is mapped while the values live (where the system can, see the test
-    # above); the large leaf's chunk file is read.
+    # The pack and the large leaf's chunk file are mapped while the values live (where
+    # the system can, see the test above).
     files = {line.split()[-1] for line in _mappings(step)}
-    assert files == ({str(step / PACK_DIR / "process_0")} if mapped.can_map(step) else set())
+    mine = {str(step / PACK_DIR / "process_0"), str(step / "big" / "0.0")}
+    assert files == (mine if mapped.can_map(step) else set())
     del out
     gc.collect()
     assert _mappings(step) == []  # and let go with them
     monkeypatch.setattr(bulk, "can_map", lambda directory: False)
+    monkeypatch.setattr(reads, "can_map", lambda directory: False)
     read = AsyncCheckpointer(tmp_path).restore(1, target=_state())
     assert _bytes(read) == want and _mappings(step) == []
 
@@ -131,8 +133,23 @@ def test_a_pack_cut_short_under_a_mapping_is_damage_not_a_crash(tmp_path):
         AsyncCheckpointer(tmp_path).restore(1, target=_state())
 
 
+def test_a_chunk_file_cut_short_or_changed_under_a_mapping_is_damage_named(tmp_path):
+    step = _save(tmp_path)
+    chunk = step / "big" / "0.0"
+    with open(chunk, "r+b") as f:
+        f.seek(12345)
+        byte = f.read(1)
+        f.seek(12345)
+        f.write(bytes([byte[0] ^ 1]))
+    with pytest.raises(CorruptCheckpointError, match=r"big.*chunk 0\.0 does not match"):
+        AsyncCheckpointer(tmp_path).restore(1, target=_state())
+    os.truncate(chunk, chunk.stat().st_size // 2)
+    with pytest.raises(CorruptCheckpointError, match=r"big.*chunk 0\.0 cannot be read"):
+        AsyncCheckpointer(tmp_path).restore(1, target=_state())
+
+
 def test_a_numpy_leaf_comes_back_writable_and_its_writes_stay_in_the_process(tmp_path):
-    # A small one is packed (its own copy of the mapped stretch), a large one is read.
+    # A small one is packed (its own copy of the mapped stretch), a large one mapped.
     tree = {
         "h": np.arange(2**21, dtype=np.float32).reshape(1024, 2048),
         "s": np.arange(10, dtype=np.int32),

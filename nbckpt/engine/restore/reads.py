@@ -34,6 +34,7 @@ from nbckpt.engine.arrays.zarr import chunk_key, chunk_regions
 from nbckpt.engine.restore import chunkfiles
 from nbckpt.engine.restore.assemble import assemble
 from nbckpt.engine.restore.hostshare import HostRegion, holder_rows
+from nbckpt.engine.restore.mapped import can_map
 from nbckpt.engine.restore.protocols import ArraySource, Box
 from nbckpt.engine.restore.targets import check_x64, convert, is_weak, weaken
 from nbckpt.engine.restore.together import Together
@@ -95,6 +96,11 @@ def _chunk_box(box: Box, shape: Sequence[int], chunks: Sequence[int]) -> Box:
 
 def _call(on_done: Callable[[RegionRead], None], read: RegionRead, _future: Any) -> None:
     on_done(read)
+
+
+def _take_value(read: RegionRead, future: Future[np.ndarray]) -> None:
+    if future.exception() is None:
+        read.buf = future.result()
 
 
 @dataclass
@@ -284,9 +290,18 @@ class LeafRead:
                 folder = None if read.region is not None else self.source.chunk_files(self.name)
                 if folder is not None and self.recorded is not None:
                     read.sums = {}
-                read.future = folder and chunkfiles.read_region(
-                    folder, store, read.box, self.shape, self.chunks, read.buf, read.sums
-                )
+                read.future = None
+                if folder is not None and can_map(str(self.source.directory)):
+                    read.future = chunkfiles.map_region(
+                        folder, store, read.box, self.shape, self.chunks, read.buf, read.sums
+                    )
+                    if read.future is not None:
+                        # The value is the mapping (or ``buf``), before anyone is told.
+                        read.future.add_done_callback(functools.partial(_take_value, read))
+                if read.future is None and folder is not None:
+                    read.future = chunkfiles.read_region(
+                        folder, store, read.box, self.shape, self.chunks, read.buf, read.sums
+                    )
                 if read.future is None:
                     dst = ts.array(read.buf, copy=False, write=True)
                     read.future = dst.write(store[_slices(read.box)])
