@@ -61,6 +61,8 @@ class SizeResult:
     dd_write: list[float] = field(default_factory=list)
     lim_write: list[float] = field(default_factory=list)
     lim_read: list[float] = field(default_factory=list)
+    #: The O_DIRECT plain writes (``lim_write`` holds the faster of it and the buffered).
+    lim_write_direct: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -177,7 +179,8 @@ def states_table(rows: Sequence[StateRow], processes: int, reps: int) -> list[st
         "Size is the state's unique bytes (a replicated byte counts once); a process owns "
         "its shards, replicas included. The raw limits write each unique byte once per "
         "job: every process writes its even share (the unique share) as one plain file "
-        "(`os.write`, `fdatasync`, directory `fsync`) and, after the page cache is "
+        "(`os.write`, `fdatasync`, directory `fsync`; once buffered and once with "
+        "`O_DIRECT`, in turns, the faster counting) and, after the page cache is "
         "dropped, reads it back, both timed between two barriers. nbckpt/raw is nbckpt's "
         "throughput over the limit's (higher is better, 1x is the limit), and nbckpt/Orbax "
         "its throughput over Orbax's: each the median over repetitions of the ratio within "

@@ -515,28 +515,48 @@ def _share_path(directory: str) -> Path:
     return Path(directory) / f"share-{jax.process_index()}"
 
 
-def raw_file_write(directory: str, tag: str) -> float:
+def raw_file_write(directory: str, tag: str, direct: bool = False) -> float:
     """Write this process's even share of the state's unique bytes as one plain file.
 
     ``os.write`` in 16 MiB blocks, ``os.fdatasync`` and an ``fsync`` of the directory,
     timed from a barrier to a barrier after every process's writes: the disk's limit
     for writing each unique byte once per job, whatever the layout (a replicated state
-    is written once, split among the processes).
+    is written once, split among the processes). With ``direct`` the file is opened
+    ``O_DIRECT`` and written from a page-aligned block, no copy into the page cache
+    (a tail past the last whole 4 KiB goes through it), as nbckpt writes its large
+    chunks on such a disk; where the file system refuses, it is written buffered.
     """
+    import mmap
+
     import numpy as np
 
     sync = _sync()
     path = _share_path(directory)
     path.parent.mkdir(parents=True, exist_ok=True)
     left = int(_state["unique_owned"])
-    # Made before the clock starts: the limit is the disk's, not the generator's.
-    block = memoryview(np.random.default_rng(left).bytes(min(left, _BLOCK)))
+    # Made before the clock starts: the limit is the disk's, not the generator's. A
+    # mapping of its own, so that it starts on a page (what O_DIRECT asks).
+    size = min(left, _BLOCK)
+    buf = mmap.mmap(-1, max(size, 1))
+    buf[:size] = np.random.default_rng(left).bytes(size)
+    block = memoryview(buf)[:size]
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    use_direct = direct and hasattr(os, "O_DIRECT")
     sync.barrier("bench-rawfile", f"{tag}-write0", timeout_s=120)
     t0 = time.perf_counter()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        fd = os.open(path, flags | (os.O_DIRECT if use_direct else 0), 0o644)
+    except OSError:
+        fd, use_direct = os.open(path, flags, 0o644), False
     try:
         while left > 0:
-            left -= os.write(fd, block[: min(left, len(block))])
+            n = min(left, len(block))
+            if use_direct and n % 4096:
+                import fcntl
+
+                fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
+                use_direct = False
+            left -= os.write(fd, block[:n])
         os.fdatasync(fd)
     finally:
         os.close(fd)
