@@ -45,6 +45,7 @@ import numpy as np
 import tensorstore as ts
 
 from nbckpt.engine.arrays.zarr import chunk_key, chunk_regions
+from nbckpt.engine.pools import LazyPool
 from nbckpt.engine.restore.mapped import map_range
 from nbckpt.engine.restore.protocols import Box
 from nbckpt.formats.checksum import crc32c_extend
@@ -83,18 +84,7 @@ MAP_MIN_BYTES = 1 << 20
 #: (a zarr v2 ``bfloat16`` is stored little endian).
 _NATIVE = ("<", "|")
 
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
-
-
-def _forget_pool() -> None:
-    # A child made by fork has none of the parent's threads.
-    global _pool
-    _pool = None
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_pool)
+_pool = LazyPool(THREADS, "nbckpt-chunk-read")
 
 
 def is_raw(store: ts.TensorStore) -> bool:
@@ -222,26 +212,20 @@ def map_region(
     extend = None if sums is None else crc32c_extend()
     flat = buf.reshape(-1).view(np.uint8)
     task = _threads().submit(_map, folder / p.key, store, p.glob, buf, flat, extend)
-    if sums is not None:
-        task.add_done_callback(functools.partial(_keep_mapped_sum, sums, p.key))
     done: Future[np.ndarray] = Future()
 
     def finished(f: Future[tuple[np.ndarray, int | None]]) -> None:
         error = f.exception()
         if error is not None:
             done.set_exception(error)
-        else:
-            done.set_result(f.result()[0])
+            return
+        value, crc = f.result()
+        if sums is not None and crc is not None:
+            sums[p.key] = crc  # kept before anyone is told the region is in
+        done.set_result(value)
 
     task.add_done_callback(finished)
     return done
-
-
-def _keep_mapped_sum(
-    sums: dict[str, int], key: str, task: Future[tuple[np.ndarray, int | None]]
-) -> None:
-    if task.exception() is None and (crc := task.result()[1]) is not None:
-        sums[key] = crc
 
 
 def _map(
@@ -337,11 +321,7 @@ def _pieces(box: Box, shape: Sequence[int], chunks: Sequence[int], buf: np.ndarr
 
 
 def _threads() -> ThreadPoolExecutor:
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(THREADS, thread_name_prefix="nbckpt-chunk-read")
-        return _pool
+    return _pool.get()
 
 
 def _keep_sum(sums: dict[str, int], key: str, task: Future[int | None]) -> None:

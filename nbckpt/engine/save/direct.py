@@ -33,12 +33,12 @@ import errno
 import fcntl
 import os
 import sys
-import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 
 import numpy as np
 
+from nbckpt.engine.pools import LazyPool
 from nbckpt.storage.local import file_system
 
 __all__ = [
@@ -95,26 +95,7 @@ _RAW_DTYPES = frozenset(
 #: ``fdatasync`` with the next file's write.
 THREADS = 2
 
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
-
-
-def _forget_pool() -> None:
-    # A child made by fork has none of the parent's threads.
-    global _pool
-    _pool = None
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_pool)
-
-
-def _threads() -> ThreadPoolExecutor:
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(THREADS, thread_name_prefix="nbckpt-direct")
-        return _pool
+_pool = LazyPool(THREADS, "nbckpt-direct")
 
 
 def can_write_direct(directory: str | os.PathLike[str]) -> bool:
@@ -153,7 +134,7 @@ def write_file(path: Path, part: np.ndarray) -> Future[None]:
 
     ``path``'s folder is made if missing. A write that fails removes the file it made.
     """
-    return _threads().submit(_write, path, part)
+    return _pool.get().submit(_write, path, part)
 
 
 def _write(path: Path, part: np.ndarray) -> None:
