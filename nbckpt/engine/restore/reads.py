@@ -98,6 +98,28 @@ def _call(on_done: Callable[[RegionRead], None], read: RegionRead, _future: Any)
     on_done(read)
 
 
+def _start(leaf: LeafRead, read: RegionRead, store: ts.TensorStore) -> Any:
+    """Start one read of ``leaf``; return its future.
+
+    A region that is one whole local chunk file is mapped where packs are; one made of
+    whole chunk files is read from them here; anything else goes through tensorstore.
+    """
+    # A slab of a host-shared region is part of a chunk: tensorstore reads it.
+    folder = None if read.region is not None else leaf.source.chunk_files(leaf.name)
+    if folder is not None:
+        if leaf.recorded is not None:
+            read.sums = {}
+        args = (folder, store, read.box, leaf.shape, leaf.chunks, read.buf, read.sums)
+        mapped = chunkfiles.map_region(*args) if can_map(str(leaf.source.directory)) else None
+        if mapped is not None:
+            # The value is the mapping (or ``buf``), before anyone is told.
+            mapped.add_done_callback(functools.partial(_take_value, read))
+            return mapped
+        if (future := chunkfiles.read_region(*args)) is not None:
+            return future
+    return ts.array(read.buf, copy=False, write=True).write(store[_slices(read.box)])
+
+
 def _take_value(read: RegionRead, future: Future[np.ndarray]) -> None:
     if future.exception() is None:
         read.buf = future.result()
@@ -286,25 +308,7 @@ class LeafRead:
                 read.future = Future()
                 read.future.set_result(None)
             elif store is not None and (read.region is None or read.buf.size):
-                # A slab of a host-shared region is part of a chunk: tensorstore reads it.
-                folder = None if read.region is not None else self.source.chunk_files(self.name)
-                if folder is not None and self.recorded is not None:
-                    read.sums = {}
-                read.future = None
-                if folder is not None and can_map(str(self.source.directory)):
-                    read.future = chunkfiles.map_region(
-                        folder, store, read.box, self.shape, self.chunks, read.buf, read.sums
-                    )
-                    if read.future is not None:
-                        # The value is the mapping (or ``buf``), before anyone is told.
-                        read.future.add_done_callback(functools.partial(_take_value, read))
-                if read.future is None and folder is not None:
-                    read.future = chunkfiles.read_region(
-                        folder, store, read.box, self.shape, self.chunks, read.buf, read.sums
-                    )
-                if read.future is None:
-                    dst = ts.array(read.buf, copy=False, write=True)
-                    read.future = dst.write(store[_slices(read.box)])
+                read.future = _start(self, read, store)
             else:  # an empty slab: the other holders read the whole region
                 read.future = Future()
                 read.future.set_result(None)
