@@ -151,10 +151,15 @@ def write_shards(
         and slowdown <= 1
         and _direct.can_write_direct(folder.parent)
     )
-    # Otherwise every leaf's opening is started before any is waited for.
-    openings = (
-        {} if direct else {w.leaf: opener(w.leaf) for w in snap.writes if w.leaf not in packed}
-    )
+
+    # Every opening that may be needed is started before any is waited for: with direct
+    # writes, those of the leaves whose chunks are too small for them.
+    def may_open(leaf: str) -> bool:
+        m = metas[leaf]
+        small = math.prod(m["chunks"]) * np.dtype(m["dtype"]).itemsize < _direct.MIN_BYTES
+        return leaf not in packed and (small or not direct)
+
+    openings = {leaf: opener(leaf) for leaf in {w.leaf for w in snap.writes} if may_open(leaf)}
     pack = _Pack()
     stores: dict[str, Any] = {}
     waiter = _Waiter(watch, watch_interval_s)
