@@ -1,4 +1,4 @@
-"""Stretches of a local pack mapped as the restored values' memory, not copied out.
+"""Local packs and chunk files mapped as the restored values' memory, not copied out.
 
 A restore that reads a pack with ``pread`` pays three times per byte: the kernel
 zeroes a new page of the restore's memory, copies the byte into it from the page
