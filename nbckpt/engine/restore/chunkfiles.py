@@ -245,10 +245,10 @@ def _map(
         try:
             if os.fstat(fd).st_size == flat.nbytes:
                 crc = _read_through(fd, flat.nbytes, extend)
-                mapped = map_range(fd, 0, flat.nbytes) if crc is not False else None
+                mapped = map_range(fd, 0, flat.nbytes) if crc is not None else None
                 if mapped is not None and mapped[1] == flat.nbytes:
                     value = mapped[0].view(buf.dtype).reshape(buf.shape)
-                    return value, crc if isinstance(crc, int) and extend is not None else None
+                    return value, crc if extend is not None else None
         except OSError:
             pass
         finally:
@@ -262,8 +262,11 @@ _scratch = threading.local()
 
 def _read_through(
     fd: int, nbytes: int, extend: Callable[[int, np.ndarray], int] | None
-) -> int | bool:
-    """Read ``nbytes`` of ``fd`` into the page cache; their CRC-32C (or True), False if short."""
+) -> int | None:
+    """Read ``nbytes`` of ``fd`` into the page cache; their CRC-32C (0 without ``extend``).
+
+    None if the file ends first.
+    """
     piece = getattr(_scratch, "buf", None)
     if piece is None:
         piece = _scratch.buf = np.empty(SUM_PIECE, np.uint8)
@@ -271,11 +274,11 @@ def _read_through(
     while at < nbytes:
         n = pread_full(fd, piece[: min(SUM_PIECE, nbytes - at)], at)
         if n == 0:
-            return False
+            return None
         if extend is not None:
             crc = extend(crc, piece[:n])
         at += n
-    return crc if extend is not None else True
+    return crc
 
 
 @dataclass(frozen=True)
