@@ -1,4 +1,4 @@
-"""Large chunk files written with O_DIRECT: the same bytes, durable, and safe on failure."""
+"""Large chunk files and packs written with O_DIRECT: the same bytes, durable, safe on failure."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from nbckpt.engine.save import direct
 from nbckpt.errors import CheckpointError
 from nbckpt.formats.fsck import verify_step
 from nbckpt.formats.layout import all_steps
+from nbckpt.formats.packs import pack_file
 from nbckpt.storage.local import file_system
 
 
@@ -87,8 +88,48 @@ def test_a_file_written_direct_holds_the_bytes(tmp_path, monkeypatch, nbytes):
     assert opened and opened[0] & os.O_DIRECT
 
 
+def _pieces(seed: int) -> tuple[list[tuple[int, np.ndarray]], int, bytes]:
+    """A pack's pieces: small, at 64-byte steps, one larger than a staging buffer."""
+    rng = np.random.default_rng(seed)
+    pieces, at = [], 0
+    for size in [5, 4096, 64, 3 * direct.BLOCK + 1, 1, 2 * direct.BLOCK * 3 + 9, 777]:
+        start = -(-at // 64) * 64
+        pieces.append((start, rng.integers(0, 256, size, np.uint8)))
+        at = start + size
+    want = bytearray(at)
+    for start, piece in pieces:
+        want[start : start + piece.nbytes] = piece.tobytes()
+    return pieces, at, bytes(want)
+
+
+def test_a_gathered_file_holds_its_pieces_with_zeros_between(tmp_path, monkeypatch):
+    # Buffers of two blocks: pieces span buffers, and one spans several.
+    monkeypatch.setattr(direct, "STAGE_BYTES", 2 * direct.BLOCK)
+    monkeypatch.setattr(direct, "_stages", [])
+    opened: list[int] = []
+    real_open = os.open
+
+    def spy(path, flags, *args):
+        opened.append(flags)
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(direct.os, "open", spy)
+    pieces, nbytes, want = _pieces(3)
+    counted: list[int] = []
+    path = tmp_path / "w" / "pack"
+    direct.write_gathered(path, pieces, nbytes, counted.append)
+    assert path.read_bytes() == want
+    assert opened and opened[0] & os.O_DIRECT
+    assert sum(counted) == sum(p.nbytes for _, p in pieces) and len(counted) > 2
+    # The buffer is kept for the next file, not made again.
+    assert len(direct._stages) == 1
+    direct.write_gathered(tmp_path / "again", pieces, nbytes)
+    assert len(direct._stages) == 1 and (tmp_path / "again").read_bytes() == want
+
+
+@pytest.mark.parametrize("gathered", [False, True])
 def test_a_file_system_that_refuses_direct_writes_gets_them_through_the_page_cache(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, gathered
 ):
     real_pwrite = os.pwrite
 
@@ -98,6 +139,13 @@ def test_a_file_system_that_refuses_direct_writes_gets_them_through_the_page_cac
         return real_pwrite(fd, data, offset)
 
     monkeypatch.setattr(direct.os, "pwrite", refuse)
+    if gathered:
+        monkeypatch.setattr(direct, "STAGE_BYTES", 2 * direct.BLOCK)
+        monkeypatch.setattr(direct, "_stages", [])
+        pieces, nbytes, want = _pieces(4)
+        direct.write_gathered(tmp_path / "f", pieces, nbytes)
+        assert (tmp_path / "f").read_bytes() == want
+        return
     data = _aligned(direct.BLOCK * 10 + 7, seed=1)
     direct.write_file(tmp_path / "f", data).result()
     assert (tmp_path / "f").read_bytes() == data.tobytes()
@@ -109,25 +157,35 @@ def _flags(fd: int) -> int:
     return fcntl.fcntl(fd, fcntl.F_GETFL)
 
 
-def test_a_failed_direct_write_leaves_no_file(tmp_path, monkeypatch):
+@pytest.mark.parametrize("gathered", [False, True])
+def test_a_failed_direct_write_leaves_no_file(tmp_path, monkeypatch, gathered):
     def full(fd):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(direct.os, "fdatasync", full)
     with pytest.raises(OSError, match=r"No space left.*'.*/f'"):
-        direct.write_file(tmp_path / "f", _aligned(direct.BLOCK * 4)).result()
+        if gathered:
+            pieces, nbytes, _ = _pieces(5)
+            direct.write_gathered(tmp_path / "f", pieces, nbytes)
+        else:
+            direct.write_file(tmp_path / "f", _aligned(direct.BLOCK * 4)).result()
     assert not (tmp_path / "f").exists()
 
 
 def test_a_save_writes_large_chunks_direct_with_the_bytes_tensorstore_writes(tmp_path, monkeypatch):
     written: list[Path] = []
-    real_write = direct._write
+    real_write, real_gathered = direct._write, direct.write_gathered
 
     def spy(path, part):
         written.append(path)
         return real_write(path, part)
 
+    def spy_gathered(path, pieces, nbytes, progress=None):
+        written.append(path)
+        return real_gathered(path, pieces, nbytes, progress)
+
     monkeypatch.setattr(direct, "_write", spy)
+    monkeypatch.setattr(direct, "write_gathered", spy_gathered)
     monkeypatch.delenv(direct.DIRECT_ENV, raising=False)
     steps = {}
     for env in ("1", "0"):
@@ -140,10 +198,13 @@ def test_a_save_writes_large_chunks_direct_with_the_bytes_tensorstore_writes(tmp
         out = ck.restore(1, target=_state())
         for name, want in _state().items():
             assert np.asarray(out[name]).tobytes() == np.asarray(want).tobytes(), name
-    # Both large leaves, and only they, went here, and only with the setting on.
-    assert sorted(p.parent.name for p in written) == ["big", "odd"]
+    # Both large leaves and the pack (of the small one), and only they, went here, and
+    # only with the setting on; the files are those tensorstore and a plain write make.
+    assert sorted(p.parent.name for p in written) == ["_PACKED", "big", "odd"]
     assert all(str(p).startswith(str(tmp_path / "1")) for p in written)
     assert _chunk_files(steps["1"]) == _chunk_files(steps["0"]) != {}
+    pack = pack_file(0)
+    assert (steps["1"] / pack).read_bytes() == (steps["0"] / pack).read_bytes() != b""
 
 
 def _mount_ext4(image: Path, mnt: Path, size_mib: int) -> None:

@@ -1,4 +1,4 @@
-"""Large chunk files written with ``O_DIRECT``: from the save's buffers to the disk.
+"""Large chunk files and packs written with ``O_DIRECT``: from the save's buffers to the disk.
 
 A buffered write copies every byte into the page cache, into pages the kernel takes
 from its free lists, and the writeback that ``fsync`` waits for sends them on. On the
@@ -21,18 +21,26 @@ The bytes up to the last whole :data:`BLOCK` go with ``O_DIRECT``; the rest (a
 file's tail) is written through the page cache, and ``fdatasync`` makes the whole
 file durable before the write counts as done, as tensorstore's own writes do. A file
 system that refuses ``O_DIRECT`` (``EINVAL``) gets the bytes through the page cache
-instead. Everything else is written by tensorstore as before.
+instead. A process's pack goes the same way (:func:`write_gathered`), through a
+kept page-aligned buffer, since its small pieces start nowhere in particular: the
+1 GiB ``transformer`` state of ``benchmarks/compare.py`` saved in 0.54 s against
+0.60 s written through the page cache (medians of 6 alternating, 4 processes).
+Everything else is written by tensorstore as before.
 
-A restore reads these files as any other; the bytes are the same as tensorstore would
-have written.
+A restore reads these files as any other; the bytes are the same as tensorstore, or
+the pack's plain write, would have written.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
+import mmap
 import os
 import sys
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -49,6 +57,7 @@ __all__ = [
     "can_write_direct",
     "suits",
     "write_file",
+    "write_gathered",
 ]
 
 #: Set to ``0`` in a process's environment, its saves write every chunk file through
@@ -97,6 +106,12 @@ THREADS = 2
 
 _pool = LazyPool(THREADS, "nbckpt-direct")
 
+#: The buffer a pack's pieces are copied into before each ``O_DIRECT`` write.
+STAGE_BYTES = 1 << 20
+
+_stages: list[mmap.mmap] = []
+_stages_lock = threading.Lock()
+
 
 def can_write_direct(directory: str | os.PathLike[str]) -> bool:
     """Whether a save in this process writes large chunk files under ``directory`` itself.
@@ -137,37 +152,126 @@ def write_file(path: Path, part: np.ndarray) -> Future[None]:
     return _pool.get().submit(_write, path, part)
 
 
+def write_gathered(
+    path: Path,
+    pieces: Sequence[tuple[int, np.ndarray]],
+    nbytes: int,
+    progress: Callable[[int], None] | None = None,
+) -> None:
+    """Write the file ``path`` of ``nbytes``: each piece at its offset, zeros between.
+
+    For a pack: many small pieces, none on a block boundary, so they are copied in
+    order into a page-aligned buffer of :data:`STAGE_BYTES` (kept for the next file)
+    and written from it a buffer at a time, with ``O_DIRECT`` as in
+    :func:`write_file`. ``pieces`` are C-contiguous, in order of their offsets, and
+    do not overlap. ``progress`` gets the pieces' bytes as each buffer is written.
+    The file is durable on return; a write that fails removes it.
+    """
+    with _created(path) as file, _staged() as stage:
+        view = memoryview(stage)
+        base = fill = copied = 0  # the buffer's offset in the file; bytes in it; of pieces
+
+        def flush() -> None:
+            nonlocal base, fill, copied
+            file.write(view[:fill], base)
+            if progress is not None:
+                progress(copied)
+            base, fill, copied = base + fill, 0, 0
+
+        def stage_in(data: memoryview | None, size: int) -> None:
+            """Copy ``size`` bytes of ``data`` (zeros for None), writing full buffers."""
+            nonlocal fill, copied
+            at = 0
+            while at < size:
+                n = min(size - at, STAGE_BYTES - fill)
+                view[fill : fill + n] = bytes(n) if data is None else data[at : at + n]
+                fill, at = fill + n, at + n
+                copied += 0 if data is None else n
+                if fill == STAGE_BYTES:
+                    flush()
+
+        for start, piece in pieces:
+            stage_in(None, start - base - fill)
+            data = piece.reshape(-1).view(np.uint8).data
+            stage_in(data, len(data))
+        stage_in(None, nbytes - base - fill)
+        flush()
+
+
 def _write(path: Path, part: np.ndarray) -> None:
-    data = part.reshape(-1).view(np.uint8).data
-    path.parent.mkdir(parents=True, exist_ok=True)
-    aligned = len(data) - len(data) % BLOCK
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
-    try:
-        fd = os.open(path, flags | os.O_DIRECT, 0o644)
-    except OSError as e:
-        if e.errno != errno.EINVAL:
-            raise
-        fd, aligned = os.open(path, flags, 0o644), 0
-    try:
-        at = _put(fd, data, 0, aligned, direct=True)
+    with _created(path) as file:
+        file.write(part.reshape(-1).view(np.uint8).data, 0)
+
+
+class _File:
+    """A file being written, with ``O_DIRECT`` while its file system takes it."""
+
+    def __init__(self, path: Path) -> None:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+        try:
+            self.fd, self.direct = os.open(path, flags | os.O_DIRECT, 0o644), True
+        except OSError as e:
+            if e.errno != errno.EINVAL:
+                raise
+            self.fd, self.direct = os.open(path, flags, 0o644), False
+
+    def write(self, data: memoryview, offset: int) -> None:
+        """Write ``data`` at ``offset`` (a multiple of :data:`BLOCK` while direct).
+
+        Its whole blocks go with ``O_DIRECT``; the rest (a file's tail), or everything
+        from a refusal on, through the page cache, and so does every later write.
+        """
+        at = 0
+        if self.direct:
+            at = _put(self.fd, data, 0, len(data) - len(data) % BLOCK, offset, direct=True)
         if at < len(data):
-            # The tail, or everything after a refusal: through the page cache.
-            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
-            _put(fd, data, at, len(data), direct=False)
-        os.fdatasync(fd)
+            if self.direct:
+                flags = fcntl.fcntl(self.fd, fcntl.F_GETFL)
+                fcntl.fcntl(self.fd, fcntl.F_SETFL, flags & ~os.O_DIRECT)
+                self.direct = False
+            _put(self.fd, data, at, len(data), offset, direct=False)
+
+
+@contextlib.contextmanager
+def _created(path: Path) -> Iterator[_File]:
+    """Make the file ``path`` (and its folder); durable once the block ends.
+
+    A failure in the block removes the file and names it.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    file = _File(path)
+    try:
+        yield file
+        os.fdatasync(file.fd)
     except BaseException as e:
-        os.close(fd)
-        # A half-written chunk is of no use, and holds space the next save needs: this
-        # write made the file, and drops it.
+        os.close(file.fd)
+        # A half-written file is of no use, and holds space the next save needs: this
+        # write made it, and drops it.
         path.unlink(missing_ok=True)
         if isinstance(e, OSError) and e.filename is None:
             raise OSError(e.errno, e.strerror, str(path)) from e  # name the file, as open does
         raise
-    os.close(fd)
+    os.close(file.fd)
 
 
-def _put(fd: int, data: memoryview, start: int, stop: int, *, direct: bool) -> int:
-    """Write ``data[start:stop]`` at its offset; return where the writes stopped.
+@contextlib.contextmanager
+def _staged() -> Iterator[mmap.mmap]:
+    """A page-aligned buffer of :data:`STAGE_BYTES`, kept for the next file after use.
+
+    Kept because new memory is slow to touch on the test machine (see the module's
+    notes); a file written on each of a process's writing threads at once takes one each.
+    """
+    with _stages_lock:
+        stage = _stages.pop() if _stages else mmap.mmap(-1, STAGE_BYTES)
+    try:
+        yield stage
+    finally:
+        with _stages_lock:
+            _stages.append(stage)
+
+
+def _put(fd: int, data: memoryview, start: int, stop: int, offset: int, *, direct: bool) -> int:
+    """Write ``data[start:stop]`` at file offset ``offset + start``; return where it stopped.
 
     A ``direct`` write ends early where the file system refuses it (``EINVAL``): the
     caller writes the rest through the page cache.
@@ -175,7 +279,7 @@ def _put(fd: int, data: memoryview, start: int, stop: int, *, direct: bool) -> i
     at = start
     while at < stop:
         try:
-            n = os.pwrite(fd, data[at:stop], at)
+            n = os.pwrite(fd, data[at:stop], offset + at)
         except InterruptedError:
             continue
         except OSError as e:
@@ -183,6 +287,6 @@ def _put(fd: int, data: memoryview, start: int, stop: int, *, direct: bool) -> i
                 return at
             raise
         if n == 0:
-            raise OSError(errno.EIO, f"wrote nothing at offset {at}")
+            raise OSError(errno.EIO, f"wrote nothing at offset {offset + at}")
         at += n
     return at

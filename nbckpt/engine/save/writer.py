@@ -228,7 +228,7 @@ def write_shards(
             packed_at = time.monotonic()
             # A local pack counts its parts as it writes them; an object, once it is put.
             on_disk = isinstance(directory, Path)
-            written = pack.write(directory, process, count if on_disk else None)
+            written = pack.write(directory, process, count if on_disk else None, direct)
             pending.append((written, 0 if on_disk else pack.nbytes))
             checksums[PACK_KEY] = pack_entry(process, pack.index)
         if issued is not None:
@@ -287,19 +287,30 @@ class _Pack:
             self.nbytes = start + data.nbytes
 
     def write(
-        self, directory: Location, process: int, progress: Callable[[int], None] | None = None
+        self,
+        directory: Location,
+        process: int,
+        progress: Callable[[int], None] | None = None,
+        direct: bool = False,
     ) -> Any:
         """Start writing the pack (fsync'd before the returned future completes).
 
-        A local file is written piece by piece from the snapshot's buffers, on a
-        thread of its own: no copy of the packed bytes is made; ``progress`` gets
-        each piece's bytes once written to the file (the fsync at the end makes them
+        A local file is written on a thread of its own, piece by piece from the
+        snapshot's buffers (no copy of the packed bytes is made) or, if ``direct``,
+        copied a buffer at a time and written from there with ``O_DIRECT``
+        (:func:`~nbckpt.engine.save.direct.write_gathered`); ``progress`` gets each
+        piece's bytes once written to the file (the sync at the end makes them
         durable). An object is one request, of their concatenation.
         """
         if isinstance(directory, Path):
             pool = ThreadPoolExecutor(1, thread_name_prefix="nbckpt-pack")
+            path = directory / pack_file(process)
             try:
-                return pool.submit(self._write_file, directory / pack_file(process), progress)
+                if direct:
+                    return pool.submit(
+                        _direct.write_gathered, path, self.parts, self.nbytes, progress
+                    )
+                return pool.submit(self._write_file, path, progress)
             finally:
                 pool.shutdown(wait=False)
         # One buffer of the packed bytes, filled in place: joining ``tobytes()`` copies
