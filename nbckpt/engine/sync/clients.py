@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -143,6 +143,17 @@ class CoordinationServiceClient:
     def key_value_delete(self, key: str) -> None:
         """Delete ``key`` and every key under ``key/``."""
         self._client.key_value_delete(key)
+
+    def barrier_call(self) -> Callable[[str, int], None]:
+        """The service's own barrier call of all processes: ``(key, timeout_ms)``.
+
+        For a caller whose every microsecond counts (:meth:`Synchronizer.barrier
+        <nbckpt.engine.sync.barriers.Synchronizer.barrier>`'s fast path): it raises
+        jax's ``RuntimeError`` naming ``DEADLINE_EXCEEDED`` where
+        :meth:`wait_at_barrier` returns False.
+        """
+        call: Callable[[str, int], None] = self._client.wait_at_barrier
+        return call
 
     def wait_at_barrier(
         self, key: str, timeout_s: float, process_ids: Sequence[int] | None
