@@ -113,6 +113,17 @@ _stages: list[mmap.mmap] = []
 _stages_lock = threading.Lock()
 
 
+def _new_lock_in_child() -> None:
+    # A child made by fork while a thread held the lock would wait on it for ever; the
+    # buffers themselves are the child's own copies.
+    global _stages_lock
+    _stages_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_lock_in_child)
+
+
 def can_write_direct(directory: str | os.PathLike[str]) -> bool:
     """Whether a save in this process writes large chunk files under ``directory`` itself.
 
