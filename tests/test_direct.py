@@ -71,8 +71,8 @@ def test_what_suits_a_direct_write():
     assert not direct.suits(big.view(">f4"), whole=True)  # not the stored byte order
 
 
-@pytest.mark.parametrize("nbytes", [direct.BLOCK * 300, direct.BLOCK * 300 + 100, 100])
-def test_a_file_written_direct_holds_the_bytes(tmp_path, monkeypatch, nbytes):
+def _open_flags(monkeypatch) -> list[int]:
+    """The flags of every file ``direct`` opens from now on, in order."""
     opened: list[int] = []
     real_open = os.open
 
@@ -81,6 +81,12 @@ def test_a_file_written_direct_holds_the_bytes(tmp_path, monkeypatch, nbytes):
         return real_open(path, flags, *args)
 
     monkeypatch.setattr(direct.os, "open", spy)
+    return opened
+
+
+@pytest.mark.parametrize("nbytes", [direct.BLOCK * 300, direct.BLOCK * 300 + 100, 100])
+def test_a_file_written_direct_holds_the_bytes(tmp_path, monkeypatch, nbytes):
+    opened = _open_flags(monkeypatch)
     data = _aligned(nbytes, seed=nbytes)
     path = tmp_path / "leaf" / "0.0"  # its folder is made
     direct.write_file(path, data).result()
@@ -106,14 +112,7 @@ def test_a_gathered_file_holds_its_pieces_with_zeros_between(tmp_path, monkeypat
     # Buffers of two blocks: pieces span buffers, and one spans several.
     monkeypatch.setattr(direct, "STAGE_BYTES", 2 * direct.BLOCK)
     monkeypatch.setattr(direct, "_stages", [])
-    opened: list[int] = []
-    real_open = os.open
-
-    def spy(path, flags, *args):
-        opened.append(flags)
-        return real_open(path, flags, *args)
-
-    monkeypatch.setattr(direct.os, "open", spy)
+    opened = _open_flags(monkeypatch)
     pieces, nbytes, want = _pieces(3)
     counted: list[int] = []
     path = tmp_path / "w" / "pack"
