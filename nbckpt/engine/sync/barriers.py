@@ -29,6 +29,7 @@ from nbckpt.engine.sync.clients import (
     CoordinationServiceClient,
     InProcessClient,
     SignalingClient,
+    deadline_passed,
     default_client,
 )
 from nbckpt.engine.sync.storewait import StoreWait
@@ -189,7 +190,7 @@ class Synchronizer:
                     call(f"{key}/fast", max(1, int(fast * 1000)))
                     return
                 except RuntimeError as e:  # jax raises JaxRuntimeError (a RuntimeError)
-                    if "DEADLINE_EXCEEDED" not in str(e):
+                    if not deadline_passed(e):
                         raise
         expected = sorted(range(self.process_count) if process_ids is None else process_ids)
         StoreWait(self, op, name, key, expected, deadline, timeout_s).run()

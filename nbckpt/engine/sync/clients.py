@@ -14,7 +14,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["CoordinationServiceClient", "InProcessClient", "SignalingClient", "default_client"]
+__all__ = [
+    "CoordinationServiceClient",
+    "InProcessClient",
+    "SignalingClient",
+    "deadline_passed",
+    "default_client",
+]
 
 
 @runtime_checkable
@@ -67,6 +73,11 @@ class SignalingClient(Protocol):
         ...
 
 
+def deadline_passed(error: RuntimeError) -> bool:
+    """Whether jax's error from a call to the service says the call's deadline passed."""
+    return "DEADLINE_EXCEEDED" in str(error)
+
+
 class CoordinationServiceClient:
     """A :class:`SignalingClient` over the client that ``jax.distributed`` started.
 
@@ -116,7 +127,7 @@ class CoordinationServiceClient:
         try:
             value: str = self._client.blocking_key_value_get(key, max(1, int(timeout_s * 1000)))
         except RuntimeError as e:  # jax raises JaxRuntimeError (a RuntimeError)
-            if "DEADLINE_EXCEEDED" in str(e):
+            if deadline_passed(e):
                 return None
             raise
         return value
@@ -149,7 +160,7 @@ class CoordinationServiceClient:
 
         For a caller whose every microsecond counts (:meth:`Synchronizer.barrier
         <nbckpt.engine.sync.barriers.Synchronizer.barrier>`'s fast path): it raises
-        jax's ``RuntimeError`` naming ``DEADLINE_EXCEEDED`` where
+        jax's ``RuntimeError`` (:func:`deadline_passed` tells it) where
         :meth:`wait_at_barrier` returns False.
         """
         call: Callable[[str, int], None] = self._client.wait_at_barrier
@@ -167,7 +178,7 @@ class CoordinationServiceClient:
         try:
             self._client.wait_at_barrier(key, max(1, int(timeout_s * 1000)), ids)
         except RuntimeError as e:  # jax raises JaxRuntimeError (a RuntimeError)
-            if "DEADLINE_EXCEEDED" in str(e):
+            if deadline_passed(e):
                 return False
             raise
         return True
