@@ -10,7 +10,9 @@ import time
 import pytest
 
 from nbckpt.engine.sync.barriers import InProcessClient, Synchronizer
+from nbckpt.engine.sync.clients import CoordinationServiceClient
 from nbckpt.errors import BarrierTimeoutError, PeerDeadError, PeerFailedError
+from nbckpt.protocol import barrier_key
 
 
 def _syncs(n, poll_s=0.05):
@@ -261,3 +263,57 @@ def test_each_survivor_names_the_death_it_saw_when_another_gave_up_first():
         return "passed"
 
     assert _run_on(syncs, fn) == ["PeerDeadError", "PeerDeadError", "dead"]
+
+
+class _WentToStoreError(Exception):
+    """The barrier went on over the key-value store."""
+
+
+class _ServiceCalls:
+    """jax's client, as far as the barrier's fast path sees it: it records each call.
+
+    Any key-value call raises :class:`_WentToStoreError`. The real service's fast barrier,
+    and a straggler past it, are tested in ``test_multihost.py``
+    (``test_barrier_meets_at_the_service_then_waits_over_the_store``).
+    """
+
+    def __init__(self, expired: bool = False) -> None:
+        self.calls: list[tuple[object, ...]] = []
+        self.expired = expired
+
+    def wait_at_barrier(self, *args: object) -> None:
+        self.calls.append(args)
+        if self.expired:
+            raise RuntimeError("DEADLINE_EXCEEDED: Barrier timed out")
+
+    def __getattr__(self, name: str) -> object:
+        def store(*args: object, **kwargs: object) -> None:
+            raise _WentToStoreError(name)
+
+        return store
+
+
+def test_the_fast_path_calls_the_service_with_the_barriers_key_and_timeout():
+    service = _ServiceCalls()
+    sync = Synchronizer(CoordinationServiceClient(service, 0, 2))
+    sync.barrier("op", "b", timeout_s=30)
+    sync.fast_s = 0.25
+    sync.barrier("op", "c", timeout_s=30)
+    assert service.calls == [
+        (barrier_key("op", "b") + "/fast", 1000),
+        (barrier_key("op", "c") + "/fast", 250),
+    ]
+    with pytest.raises(_WentToStoreError):  # too little time left for the fast barrier
+        sync.barrier("op", "d", timeout_s=1.2)
+    sync.fast_s = 0
+    with pytest.raises(_WentToStoreError):
+        sync.barrier("op", "e", timeout_s=30)
+    assert len(service.calls) == 2
+
+
+def test_a_fast_barrier_past_its_deadline_goes_on_over_the_store():
+    service = _ServiceCalls(expired=True)
+    sync = Synchronizer(CoordinationServiceClient(service, 0, 2))
+    with pytest.raises(_WentToStoreError):
+        sync.barrier("op", "b", timeout_s=30)
+    assert service.calls == [(barrier_key("op", "b") + "/fast", 1000)]
