@@ -37,7 +37,7 @@ import math
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -161,7 +161,7 @@ def read_region(
         if last and not done.done():
             done.set_result(None)
 
-    pool = _threads()
+    pool = _pool.get()
     extend = None if sums is None else crc32c_extend()
     for p in pieces:
         task = pool.submit(
@@ -211,7 +211,7 @@ def map_region(
     p = pieces[0]
     extend = None if sums is None else crc32c_extend()
     flat = buf.reshape(-1).view(np.uint8)
-    task = _threads().submit(_map, folder / p.key, store, p.glob, buf, flat, extend)
+    task = _pool.get().submit(_map, folder / p.key, store, p.glob, buf, flat, extend)
     done: Future[np.ndarray] = Future()
 
     def finished(f: Future[tuple[np.ndarray, int | None]]) -> None:
@@ -321,10 +321,6 @@ def _pieces(box: Box, shape: Sequence[int], chunks: Sequence[int], buf: np.ndarr
         nbytes = math.prod(extents) * buf.itemsize
         pieces.append(_Piece(chunk_key(glob, chunks), glob, local, offset, offset + nbytes))
     return pieces
-
-
-def _threads() -> ThreadPoolExecutor:
-    return _pool.get()
 
 
 def _keep_sum(sums: dict[str, int], key: str, task: Future[int | None]) -> None:
