@@ -27,8 +27,7 @@ steps Orbax must restore. Needs neither jax nor tensorstore.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = [
     "DEFAULT_PACK_BYTES",
@@ -68,9 +67,13 @@ PACK_DIR = "_PACKED"
 PACK_KEY = "#packed"
 
 
-@dataclass(frozen=True)
-class PackedChunk:
-    """Where one chunk of a packed leaf lies: a file of the step, and a byte range."""
+class PackedChunk(NamedTuple):
+    """Where one chunk of a packed leaf lies: a file of the step, and a byte range.
+
+    A named tuple: a restore makes one per packed chunk of every process's index (tens
+    of thousands for a state of thousands of leaves), and a tuple is made in half the
+    time a frozen dataclass is (0.25 against 0.5 us here).
+    """
 
     file: str
     offset: int
@@ -112,14 +115,18 @@ def parse_pack(entry: object, where: str, into: PackIndex) -> None:
     for leaf, keys in chunks.items():
         if not isinstance(keys, dict):
             raise ValueError(f"{where}: the packed chunks of leaf {leaf!r} are malformed")
+        spans = into.get(leaf)
+        if spans is None:
+            spans = into[leaf] = {}
+        # JSON object keys are strings already. Checked inline, not by a generator per
+        # chunk: this loop runs once per packed chunk of every process.
         for key, span in keys.items():
-            if (
-                not isinstance(span, list)
-                or len(span) != 2
-                or not all(isinstance(v, int) and v >= 0 for v in span)
-            ):
+            if not isinstance(span, list) or len(span) != 2:
                 raise ValueError(f"{where}: packed chunk {key} of leaf {leaf!r} is malformed")
-            into.setdefault(leaf, {})[str(key)] = PackedChunk(file, span[0], span[1])
+            offset, nbytes = span
+            if not (isinstance(offset, int) and isinstance(nbytes, int)) or min(span) < 0:
+                raise ValueError(f"{where}: packed chunk {key} of leaf {leaf!r} is malformed")
+            spans[key] = PackedChunk(file, offset, nbytes)
 
 
 def unit_files(sums: dict[str, Any]) -> list[str]:

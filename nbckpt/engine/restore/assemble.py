@@ -77,7 +77,7 @@ def assemble(
             and all(d in by_device for d in order)
             and all(p.shape == shard and p.dtype == dtype for p in parts)
         ):
-            aval = jax.core.ShapedArray(shape, dtype, weak_type=weak)
+            aval = _aval(shape, dtype, weak)
             ordered = [by_device[d] for d in order]
             try:
                 out: jax.Array = _BATCHED(aval, sharding, ordered, order, True)
@@ -103,6 +103,17 @@ def _layout(
     The devices are in the order the sharding's arrays hold their shards.
     """
     return list(sharding.addressable_devices_indices_map(shape)), sharding.shard_shape(shape)
+
+
+@functools.lru_cache(maxsize=1024)
+def _aval(shape: tuple[int, ...], dtype: np.dtype[Any], weak: bool) -> Any:
+    """The abstract value of an array of ``shape`` and ``dtype``, made once for each.
+
+    Avals are values jax never changes, shared by every array of their shape; a
+    state's thousands of leaves have a few dozen shapes, and making one costs more
+    than the rest of a small leaf's assembly.
+    """
+    return jax.core.ShapedArray(shape, dtype, weak_type=weak)
 
 
 def _x64() -> bool:

@@ -111,11 +111,12 @@ class BulkLeaf:
     #: The restored leaf, made as soon as every part is placed (see :meth:`result`).
     value: Any = None
     made: bool = False
+    #: The bytes read for this leaf (its chunks', summed once: a restore asks for it
+    #: per leaf several times, and a state may have thousands).
+    nbytes: int = field(init=False, default=0)
 
-    @property
-    def nbytes(self) -> int:
-        """The bytes read for this leaf."""
-        return sum(c.where.nbytes for c in self.chunks)
+    def __post_init__(self) -> None:
+        self.nbytes = sum(c.where.nbytes for c in self.chunks)
 
     def result(self) -> Any:
         """The restored leaf (see :func:`~nbckpt.engine.restore.reads.leaf_value`)."""
