@@ -236,6 +236,11 @@ def _empty_node(value: Any) -> str | None:
         return "none"
     if isinstance(value, (jax.Array, np.ndarray, np.generic, *_SCALARS)):
         return None
+    kind = type(value)
+    if kind is dict or kind is list or kind is tuple:
+        # A built-in container is empty when it holds nothing, as jax's flattening
+        # below would say, at a jax call for every node of the tree.
+        return None if value else ("dict" if kind is dict else "list")
     children = jax.tree_util.tree_leaves(value, is_leaf=lambda child: child is not value)
     if children:
         return None
