@@ -271,6 +271,33 @@ def _start_host_copy(data: jax.Array, device: jax.Device, loan: Loan) -> jax.Arr
     return data
 
 
+#: Per (sharding, global shape): each addressable device's shard index and replica id.
+_PLACES: dict[tuple[Any, tuple[int, ...]], dict[Any, tuple[Any, int]]] = {}
+#: Past this many, :data:`_PLACES` starts over (a state has a few dozen).
+_PLACES_MAX = 4096
+
+
+def _places(sharding: Any, shape: tuple[int, ...], shards: Any) -> dict[Any, tuple[Any, int]]:
+    """Each device's shard index and replica id under ``sharding``, for ``shape``.
+
+    Both depend on the sharding, the shape and the device only, as jax computes them;
+    but each ``Shard`` of ``addressable_shards`` is new, and computes them again behind
+    a lock (2 of a leaf's 20-30 us for thousands of small leaves, one process here).
+    Asked once per sharding and shape, from the first leaf's ``shards``.
+    """
+    key = (sharding, shape)
+    try:
+        known = _PLACES.get(key)
+    except TypeError:  # a sharding that cannot be hashed: asked of the shards
+        return {s.device: (s.index, s.replica_id) for s in shards}
+    if known is None:
+        known = {s.device: (s.index, s.replica_id) for s in shards}
+        if len(_PLACES) >= _PLACES_MAX:
+            _PLACES.clear()
+        _PLACES[key] = known
+    return known
+
+
 def _pack_if_small(
     meta: dict[str, Any], shard_shape: tuple[int, ...], itemsize: int, pack_bytes: int
 ) -> None:
@@ -354,8 +381,11 @@ def _snapshot_leaf(
             split = min(DEFAULT_CHUNK_BYTES, -(-shard_bytes // parts))
             chunks = chunk_shape(shard_shape, dtype.itemsize, max_bytes=split)
         if not local or process == primary:
-            for shard in value.addressable_shards:
-                ours = shard.replica_id < parts if parts > 1 else shard.replica_id == writer
+            shards = value.addressable_shards
+            places = _places(sharding, shape, shards)
+            for shard in shards:
+                index, replica = places.get(shard.device) or (shard.index, shard.replica_id)
+                ours = replica < parts if parts > 1 else replica == writer
                 if not ours:
                     continue
                 data = _start_host_copy(shard.data, shard.device, loan)
@@ -364,11 +394,11 @@ def _snapshot_leaf(
                 else:
                     nbytes = sum(
                         math.prod(sl.stop - sl.start for sl in region) * dtype.itemsize
-                        for i, (region, _) in enumerate(chunk_regions(shard.index, shape, chunks))
-                        if i % parts == shard.replica_id
+                        for i, (region, _) in enumerate(chunk_regions(index, shape, chunks))
+                        if i % parts == replica
                     )
-                part = shard.replica_id if parts > 1 else 0
-                snap.writes.append(ShardWrite(leaf.name, shard.index, data, nbytes, part, parts))
+                part = replica if parts > 1 else 0
+                snap.writes.append(ShardWrite(leaf.name, index, data, nbytes, part, parts))
         meta["chunks"] = chunks
         snap.leaves.append(meta)
         return
