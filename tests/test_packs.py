@@ -189,6 +189,33 @@ def test_a_pack_index_that_points_outside_the_step_is_refused(tmp_path):
         AsyncCheckpointer(tmp_path).restore(1)
 
 
+@pytest.mark.parametrize(
+    ("part", "bad"),
+    [
+        ("span", [-64, 256]),  # a negative offset
+        ("span", [0, "256"]),  # a size that is not a number
+        ("span", [0, 256, 0]),  # three numbers
+        ("span", {"offset": 0}),  # not a list
+        ("sum", 2**32),  # past 32 bits
+        ("sum", -1),
+        ("sum", "deadbeef"),
+    ],
+)
+def test_a_malformed_chunk_entry_is_refused_whichever_it_is(tmp_path, part, bad):
+    """Each packed chunk's span and each recorded checksum is checked, one by one."""
+    step = _save(tmp_path)
+    sums = _sums(step)
+    if part == "span":
+        sums[PACK_KEY]["chunks"]["layers.2.bias"]["0"] = bad  # type: ignore[index]
+    else:
+        sums["layers.2.bias"]["0"] = bad  # type: ignore[index]
+    (step / CHECKSUMS_DIR / "process_0.json").write_text(json.dumps(sums))
+    with pytest.raises(ValueError, match="malformed"):
+        read_checksums(step, {})
+    with pytest.raises(CorruptCheckpointError, match="malformed"):
+        AsyncCheckpointer(tmp_path).restore(1)
+
+
 def test_a_local_units_files_name_its_pack_once(tmp_path):
     step = _save(tmp_path)
     files = unit_files(_sums(step))

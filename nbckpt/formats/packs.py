@@ -121,12 +121,14 @@ def parse_pack(entry: object, where: str, into: PackIndex) -> None:
         # JSON object keys are strings already. Checked inline, not by a generator per
         # chunk: this loop runs once per packed chunk of every process.
         for key, span in keys.items():
-            if not isinstance(span, list) or len(span) != 2:
+            if (
+                not isinstance(span, list)
+                or len(span) != 2
+                or not (isinstance(span[0], int) and isinstance(span[1], int))
+                or min(span) < 0
+            ):
                 raise ValueError(f"{where}: packed chunk {key} of leaf {leaf!r} is malformed")
-            offset, nbytes = span
-            if not (isinstance(offset, int) and isinstance(nbytes, int)) or min(span) < 0:
-                raise ValueError(f"{where}: packed chunk {key} of leaf {leaf!r} is malformed")
-            spans[key] = PackedChunk(file, offset, nbytes)
+            spans[key] = PackedChunk(file, span[0], span[1])
 
 
 def unit_files(sums: dict[str, Any]) -> list[str]:
