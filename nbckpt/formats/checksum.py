@@ -235,9 +235,7 @@ def read_checksums(
         for leaf, chunks in data.items():
             if not isinstance(chunks, dict):
                 raise ValueError(f"{path}: the checksums of leaf {leaf!r} are malformed")
-            into = merged.get(leaf)
-            if into is None:
-                into = merged[leaf] = {}
+            into = merged.setdefault(leaf, {})
             # Checked inline, once per chunk: a state of thousands of leaves has tens of
             # thousands of chunks over its processes' files.
             for key, value in chunks.items():

@@ -115,9 +115,7 @@ def parse_pack(entry: object, where: str, into: PackIndex) -> None:
     for leaf, keys in chunks.items():
         if not isinstance(keys, dict):
             raise ValueError(f"{where}: the packed chunks of leaf {leaf!r} are malformed")
-        spans = into.get(leaf)
-        if spans is None:
-            spans = into[leaf] = {}
+        spans = into.setdefault(leaf, {})
         # JSON object keys are strings already. Checked inline, not by a generator per
         # chunk: this loop runs once per packed chunk of every process.
         for key, span in keys.items():
