@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -128,6 +129,24 @@ class Tailer:
         self._thread.join()
 
 
+T = TypeVar("T")
+
+
+def in_turn(runners: Sequence[T], rep: int) -> list[T]:
+    """The order of repetition ``rep``: forward, then backward, then forward again.
+
+    What ran just before a restore changes it on this VM: memory freed by one run
+    (another's restored state) is handed back to the host, and the next restore
+    that fills new memory waits for it (see RESULTS.md). A rotation keeps the
+    cyclic order, so each system mostly follows the same one: over 7 repetitions
+    nbckpt ran right after Orbax in 4 (in 5 where raw tensorstore runs too), Orbax
+    after nbckpt in 2 (in none). Forward and backward in turns,
+    the first and the last (nbckpt and Orbax) never follow each other: each
+    follows its one neighbour or itself, as often as the other does.
+    """
+    return list(runners) if rep % 2 == 0 else list(reversed(runners))
+
+
 @contextmanager
 def group_of(n: int) -> Iterator[ProcessGroup]:
     """A group of ``n`` local JAX processes with the benchmark modules importable."""
@@ -216,9 +235,8 @@ def bench_size(
     if orbax:
         runners.append(run_ob)
     for rep in range(reps):
-        # Rotate the order so no system always runs first (or after the same one).
-        for i in range(len(runners)):
-            runners[(rep + i) % len(runners)](rep)
+        for run in in_turn(runners, rep):
+            run(rep)
         log(f"  {layout} {fmt_size(res.nbytes)} rep {rep + 1}/{reps} done")
     group.run(f"{W}:close_all")
     remove(base / f"nb-{tag}")
@@ -461,15 +479,17 @@ def main(argv: list[str] | None = None) -> int:
         "`transformer`, a 12-layer transformer's parameters and AdamW `mu` and `nu` "
         "(embedding, per layer four FSDP-sharded matrices, four biases and two layer norms "
         "replicated, 442 leaves); `many`, the same with 111 layers (4,006 leaves). Per "
-        "repetition, in rotating order: nbckpt (`AsyncCheckpointer.save` + "
-        "`wait_until_finished`, restore into the same shardings), Orbax "
-        "(`ocp.AsyncCheckpointer(ocp.StandardCheckpointHandler())`, its durable "
-        "defaults: OCDBT, zstd, fsync), the plain-file limit (each unique byte written "
-        "once, split evenly among the processes, `fdatasync`'d, and read back, timed "
+        "repetition, forward and backward in turns (the order below, then its reverse, "
+        "so that neither nbckpt nor Orbax runs right after the other): nbckpt "
+        "(`AsyncCheckpointer.save` + `wait_until_finished`, restore into the same "
+        "shardings), the plain-file limit (each unique byte written once, split evenly "
+        "among the processes, `fdatasync`'d, and read back, timed "
         "between two barriers; the write is the faster of a buffered one and an "
-        "`O_DIRECT` one, made in turns), and for `fsdp` raw tensorstore (one uncompressed zarr "
+        "`O_DIRECT` one, made in turns), for `fsdp` raw tensorstore (one uncompressed zarr "
         "chunk per shard, fsync'd, timed between two barriers) and a `dd`-like "
-        "single-stream write + `fdatasync` from the parent. After each run its files are "
+        "single-stream write + `fdatasync` from the parent, and Orbax "
+        "(`ocp.AsyncCheckpointer(ocp.StandardCheckpointHandler())`, its durable "
+        "defaults: OCDBT, zstd, fsync). After each run its files are "
         "deleted and `sync`ed. nbckpt and Orbax each save with one checkpointer per "
         "process kept over the repetitions, as a training loop does (nbckpt reuses the "
         "host buffers of its last save). The page cache is dropped "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import sys
 from pathlib import Path
 
@@ -82,3 +83,16 @@ def test_memory_is_judged_at_the_goals_sizes_and_a_smaller_states_worst_is_shown
     states = [(_run("many", 256 * MIB, 1.0, 1.0, nb_peak=[1.2 * 256 * MIB]), None)]
     memory = goals(sizes, states, [])[-1]
     assert memory.figure == "1.20 (`many` 256 MiB)" and memory.met is False
+
+
+def test_in_turn_never_runs_nbckpt_right_after_orbax_nor_orbax_after_nbckpt():
+    import compare
+
+    for runners in (["nb", "file", "ob"], ["nb", "file", "raw", "ob"]):
+        sequence = [run for rep in range(7) for run in compare.in_turn(runners, rep)]
+        pairs = set(itertools.pairwise(sequence))
+        assert ("ob", "nb") not in pairs and ("nb", "ob") not in pairs
+        # Every repetition runs each once, and both ends lead as often as each other.
+        assert all(sorted(compare.in_turn(runners, r)) == sorted(runners) for r in range(7))
+        firsts = [compare.in_turn(runners, r)[0] for r in range(6)]
+        assert firsts.count("nb") == firsts.count("ob") == 3
