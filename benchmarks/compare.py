@@ -140,9 +140,10 @@ def in_turn(runners: Sequence[T], rep: int) -> list[T]:
     that fills new memory waits for it (see RESULTS.md). A rotation keeps the
     cyclic order, so each system mostly follows the same one: over 7 repetitions
     nbckpt ran right after Orbax in 4 (in 5 where raw tensorstore runs too), Orbax
-    after nbckpt in 2 (in none). Forward and backward in turns,
-    the first and the last (nbckpt and Orbax) never follow each other: each
-    follows its one neighbour or itself, as often as the other does.
+    after nbckpt in 2 (in none). Forward and backward in turns, the first and the
+    last (nbckpt and Orbax) never follow each other: each follows its one neighbour
+    or itself, as often as the other does. The effect outlasts a run in between,
+    so this takes out the order's bias, not the effect.
     """
     return list(runners) if rep % 2 == 0 else list(reversed(runners))
 
