@@ -5,7 +5,8 @@ Run: ``.venv/bin/python benchmarks/orbax_format.py [--sizes 256M,1G] [--reps 3]`
 
 One group of local JAX processes (one CPU device each) holds one float32 state of 8
 arrays sharded over every device (random values, so compression gains little, as with
-trained weights) and, in one run, in rotating order every repetition:
+trained weights) and, in one run, every repetition, in this order and its reverse in
+turns (``compare.in_turn``):
 
 - ``nbckpt/orbax``: ``AsyncCheckpointer.save(..., format="orbax")``: zarr v3 arrays
   (zstd level 1) in per-process OCDBT databases merged by the primary, then a cold
@@ -38,7 +39,7 @@ REPO = HERE.parent
 sys.path[:0] = [str(HERE), str(REPO)]
 
 from _compare_report import fmt_size, gbps, med, parse_size, ratio  # noqa: E402
-from compare import group_of, remove  # noqa: E402
+from compare import group_of, in_turn, remove  # noqa: E402
 from engine_bench import drop_cache, scratch_dir  # noqa: E402
 
 from nbckpt.procgroup import ProcessGroup  # noqa: E402
@@ -109,9 +110,9 @@ def bench_size(
 
     runners = [run_nb_orbax, run_orbax, run_nb]
     for rep in range(reps):
-        # Rotate the order so no system always runs first (or after the same one).
-        for i in range(len(runners)):
-            runners[(rep + i) % len(runners)](rep)
+        # Forward, then backward: no system always runs first, nor after the same one.
+        for run in in_turn(runners, rep):
+            run(rep)
         log(f"  {fmt_size(fig.nbytes)} rep {rep + 1}/{reps} done")
     return fig
 

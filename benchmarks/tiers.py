@@ -6,7 +6,8 @@ script starts its own S3 server (moto on 127.0.0.1, in memory: a real S3 is slow
 
 One group of local JAX processes (one CPU device each, each process its own host
 with its own local directory under ``/dev/shm``) holds the ``fsdp`` state of
-``benchmarks/compare.py`` and, every repetition, in rotating order:
+``benchmarks/compare.py`` and, every repetition, in this order and its reverse in turns
+(``compare.in_turn``):
 
 - ``disk``: no local tier; save to a root on the local disk (to durable), drop the
   page cache, restore the newest step: the cold read a restarted job does today;
@@ -42,7 +43,7 @@ REPO = HERE.parent
 sys.path[:0] = [str(HERE), str(REPO)]
 
 from _compare_report import fmt_size, parse_size  # noqa: E402
-from compare import group_of  # noqa: E402
+from compare import group_of, in_turn  # noqa: E402
 from engine_bench import drop_cache, scratch_dir  # noqa: E402
 
 from nbckpt import storage  # noqa: E402
@@ -110,8 +111,7 @@ def one_rep(group: object, env: dict[str, str] | None, work: Path, bucket: str, 
             shutil.rmtree(root, ignore_errors=True)
 
     systems: list[Callable[[], None]] = [disk, tiered] if env is None else [disk, s3, tiered]
-    turn = rep % len(systems)
-    for run in systems[turn:] + systems[:turn]:
+    for run in in_turn(systems, rep):
         run()
     return got
 
