@@ -38,7 +38,6 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -56,7 +55,7 @@ from _compare_report import (  # noqa: E402
     summary,
 )
 from _workers import LAYOUTS  # noqa: E402
-from engine_bench import drop_cache, scratch_dir  # noqa: E402  (the one copy of each)
+from engine_bench import drop_cache, in_turn, scratch_dir  # noqa: E402  (the one copy of each)
 
 from nbckpt.procgroup import ProcessGroup  # noqa: E402
 
@@ -127,25 +126,6 @@ class Tailer:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-
-
-T = TypeVar("T")
-
-
-def in_turn(runners: Sequence[T], rep: int) -> list[T]:
-    """The order of repetition ``rep``: forward, then backward, then forward again.
-
-    What ran just before a restore changes it on this VM: memory freed by one run
-    (another's restored state) is handed back to the host, and the next restore
-    that fills new memory waits for it (see RESULTS.md). A rotation keeps the
-    cyclic order, so each system mostly follows the same one: over 7 repetitions
-    nbckpt ran right after Orbax in 4 (in 5 where raw tensorstore runs too), Orbax
-    after nbckpt in 2 (in none). Forward and backward in turns, the first and the
-    last (nbckpt and Orbax) never follow each other: each follows its one neighbour
-    or itself, as often as the other does. The effect outlasts a run in between,
-    so this takes out the order's bias, not the effect.
-    """
-    return list(runners) if rep % 2 == 0 else list(reversed(runners))
 
 
 @contextmanager

@@ -23,8 +23,9 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -126,6 +127,26 @@ def _w_barriers(count: int) -> float:
 
 
 # -- parent ---------------------------------------------------------------------------
+
+
+T = TypeVar("T")
+
+
+def in_turn(runners: Sequence[T], rep: int) -> list[T]:
+    """The order of repetition ``rep``: forward, then backward, then forward again.
+
+    What ran just before a restore changes it on this VM: memory freed by one run
+    (another's restored state) is handed back to the host, and the next restore
+    that fills new memory waits for it (see RESULTS.md). A rotation keeps the
+    cyclic order, so each system mostly follows the same one: in ``compare.py``,
+    over 7 repetitions, nbckpt ran right after Orbax in 4 (in 5 where raw
+    tensorstore runs too), Orbax after nbckpt in 2 (in none). Forward and backward
+    in turns, the first and the last never follow each other: each follows its one
+    neighbour or itself, as often as the other does. The effect outlasts a run in
+    between, so this takes out the order's bias, not the effect. Every benchmark
+    that compares systems in one run takes its order from here.
+    """
+    return list(runners) if rep % 2 == 0 else list(reversed(runners))
 
 
 def scratch_dir(prefix: str, where: str | None) -> Path:

@@ -13,7 +13,7 @@ One process (no ``jax.distributed``: nbckpt uses its in-process client), on the 
 jax picks. The states (``_gpu_states``): ``fsdp`` at each of ``--sizes``, ``small``
 (hundreds of small leaves) at ``--small-size``, ``transformer`` (compare.py's: a
 12-layer model's parameters and AdamW state, 442 leaves) at ``--transformer-size``.
-Each repetition, in a rotating order and
+Each repetition, in an order that runs forward and backward in turns and
 each on a fresh state: the device-to-host copy of every shard (``copy_to_host_async``
 then ``np.asarray``), and where the device has pinned host memory the copy there
 (``jax.device_put`` to ``pinned_host``, what nbckpt's snapshot does: the floor of its
@@ -64,7 +64,7 @@ from _gpu_states import (  # noqa: E402
     small_specs,
     transformer_specs,
 )
-from engine_bench import drop_cache  # noqa: E402
+from engine_bench import drop_cache, in_turn  # noqa: E402
 
 FIGURES = {
     "d2h": "device-to-host copy (floor)",
@@ -437,9 +437,8 @@ def main(argv: list[str] | None = None) -> int:
                     log(f"{st.label} rep {rep + 1}: skipped (about {guess:.0f} s, over budget)")
                     continue
                 t0, got = time.monotonic(), dict[str, float]()
-                order = list(systems)
-                for i in range(len(order)):
-                    one = run(order[(rep + i) % len(order)], st, rep * 10 + i)
+                for i, system in enumerate(in_turn(list(systems), rep)):
+                    one = run(system, st, rep * 10 + i)
                     for k, v in one.items():  # kept at once: a timeout reports them
                         st.figures.setdefault(k, []).append(v)
                     got |= one

@@ -6,7 +6,7 @@ Run: ``.venv/bin/python benchmarks/orbax_format.py [--sizes 256M,1G] [--reps 3]`
 One group of local JAX processes (one CPU device each) holds one float32 state of 8
 arrays sharded over every device (random values, so compression gains little, as with
 trained weights) and, in one run, every repetition, in this order and its reverse in
-turns (``compare.in_turn``):
+turns (``engine_bench.in_turn``):
 
 - ``nbckpt/orbax``: ``AsyncCheckpointer.save(..., format="orbax")``: zarr v3 arrays
   (zstd level 1) in per-process OCDBT databases merged by the primary, then a cold
@@ -39,8 +39,8 @@ REPO = HERE.parent
 sys.path[:0] = [str(HERE), str(REPO)]
 
 from _compare_report import fmt_size, gbps, med, parse_size, ratio  # noqa: E402
-from compare import group_of, in_turn, remove  # noqa: E402
-from engine_bench import drop_cache, scratch_dir  # noqa: E402
+from compare import group_of, remove  # noqa: E402
+from engine_bench import drop_cache, in_turn, scratch_dir  # noqa: E402
 
 from nbckpt.procgroup import ProcessGroup  # noqa: E402
 

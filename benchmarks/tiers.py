@@ -7,7 +7,7 @@ script starts its own S3 server (moto on 127.0.0.1, in memory: a real S3 is slow
 One group of local JAX processes (one CPU device each, each process its own host
 with its own local directory under ``/dev/shm``) holds the ``fsdp`` state of
 ``benchmarks/compare.py`` and, every repetition, in this order and its reverse in turns
-(``compare.in_turn``):
+(``engine_bench.in_turn``):
 
 - ``disk``: no local tier; save to a root on the local disk (to durable), drop the
   page cache, restore the newest step: the cold read a restarted job does today;
@@ -43,8 +43,8 @@ REPO = HERE.parent
 sys.path[:0] = [str(HERE), str(REPO)]
 
 from _compare_report import fmt_size, parse_size  # noqa: E402
-from compare import group_of, in_turn  # noqa: E402
-from engine_bench import drop_cache, scratch_dir  # noqa: E402
+from compare import group_of  # noqa: E402
+from engine_bench import drop_cache, in_turn, scratch_dir  # noqa: E402
 
 from nbckpt import storage  # noqa: E402
 from nbckpt.storage.local_s3 import S3Server  # noqa: E402

@@ -86,13 +86,13 @@ def test_memory_is_judged_at_the_goals_sizes_and_a_smaller_states_worst_is_shown
 
 
 def test_in_turn_never_runs_nbckpt_right_after_orbax_nor_orbax_after_nbckpt():
-    import compare
+    from engine_bench import in_turn
 
     for runners in (["nb", "file", "ob"], ["nb", "file", "raw", "ob"]):
-        sequence = [run for rep in range(7) for run in compare.in_turn(runners, rep)]
+        sequence = [run for rep in range(7) for run in in_turn(runners, rep)]
         pairs = set(itertools.pairwise(sequence))
         assert ("ob", "nb") not in pairs and ("nb", "ob") not in pairs
         # Every repetition runs each once, and both ends lead as often as each other.
-        assert all(sorted(compare.in_turn(runners, r)) == sorted(runners) for r in range(7))
-        firsts = [compare.in_turn(runners, r)[0] for r in range(6)]
+        assert all(sorted(in_turn(runners, r)) == sorted(runners) for r in range(7))
+        firsts = [in_turn(runners, r)[0] for r in range(6)]
         assert firsts.count("nb") == firsts.count("ob") == 3
