@@ -10,8 +10,8 @@ values and saves and restores it with nbckpt, with Orbax
 (``AsyncCheckpointer(StandardCheckpointHandler())``, its durable defaults) and with
 plain files (each unique byte written once per job, split evenly among the
 processes, ``fdatasync``'d, and read back: the raw limit; written both buffered and
-with ``O_DIRECT``, the faster counting), alternating the order every
-repetition. The states (``_workers.LAYOUTS``) are ``fsdp`` (8 float32 arrays sharded
+with ``O_DIRECT``, the faster counting), forward and backward in turns
+(``engine_bench.in_turn``). The states (``_workers.LAYOUTS``) are ``fsdp`` (8 float32 arrays sharded
 over every device), ``replicated`` (the same arrays whole on every device), ``mesh2d``
 (a 2-D mesh, partly replicated), ``small`` (an optimizer-like tree of a few large
 leaves, hundreds of small ones and scalars), ``transformer`` (a transformer's
@@ -19,8 +19,11 @@ parameters and AdamW state, 442 leaves) and ``many`` (the same, 4,006 leaves).
 ``--sizes`` are the sizes of the
 ``fsdp`` state, which is also written with plain tensorstore (one uncompressed zarr
 chunk per shard, fsync'd); ``--state-sizes`` those of every state in ``--states``.
-A state and size in both grids is measured once. The page cache is dropped before
-every read. Each figure is the median over repetitions of the slowest process. The
+A state and size in both grids is measured once. Every timed call starts at a
+barrier, as the limit's do. The page cache is dropped before every read. Where the
+VM's balloon hands freed memory back to the host, it is held in the guest for the
+run (``--page-reporting hold``, the default; see ``engine_bench.hold_freed_memory``).
+Each figure is the median over repetitions of the slowest process. The
 results go to ``benchmarks/RESULTS.md`` (not in ``--quick`` mode unless ``--out`` is
 given) and the last line printed sums up the ratios.
 """
@@ -55,7 +58,12 @@ from _compare_report import (  # noqa: E402
     summary,
 )
 from _workers import LAYOUTS  # noqa: E402
-from engine_bench import drop_cache, in_turn, scratch_dir  # noqa: E402  (the one copy of each)
+from engine_bench import (  # noqa: E402  (the one copy of each)
+    drop_cache,
+    hold_freed_memory,
+    in_turn,
+    scratch_dir,
+)
 
 from nbckpt.procgroup import ProcessGroup  # noqa: E402
 
@@ -367,6 +375,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--skip", default="", help="comma-separated parts to leave out: journal, scaling"
     )
+    parser.add_argument(
+        "--page-reporting",
+        choices=("hold", "as-is"),
+        default="hold",
+        help="hold: keep memory a run frees in the guest during the comparison, where "
+        "this VM's balloon offers it (put back after); as-is: leave it",
+    )
     parser.add_argument("--dir", help="where to write (default: a temporary directory)")
     parser.add_argument("--out", help="the Markdown report (default benchmarks/RESULTS.md)")
     args = parser.parse_args(argv)
@@ -398,28 +413,30 @@ def main(argv: list[str] | None = None) -> int:
     load0 = os.getloadavg()
     t_start = time.time()
     measured: dict[tuple[str, int], SizeResult] = {}
-    try:
-        with group_of(args.processes) as group:
-            for layout, nbytes in plan:
-                log(f"state {layout}, size {fmt_size(nbytes)}")
-                measured[layout, nbytes] = bench_size(
-                    group, base, nbytes, args.reps, orbax, log, layout
-                )
-            log("barriers")
-            bar = bench_barriers(group, args.barriers, max(BARRIER_ROUNDS, args.reps))
-            jsize = min(sizes, key=lambda s: abs(s - parse_size(args.scaling_size)))
-            journal = None
-            if "journal" not in skip:
-                log("journal overhead")
-                journal = bench_journal(group, base, jsize, max(3, args.reps), log)
-            group.run(f"{W}:build", 0, 1)  # let go of the state before other groups start
-        scaling: dict[int, tuple[float, float, int]] = {}
-        if "scaling" not in skip:
-            log("scaling")
-            counts = sorted({1, 2, args.processes})
-            scaling = bench_scaling(base, parse_size(args.scaling_size), args.reps, counts, log)
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+    # Held for the whole run, put back before the report is written.
+    with hold_freed_memory(args.page_reporting == "hold") as held:
+        try:
+            with group_of(args.processes) as group:
+                for layout, nbytes in plan:
+                    log(f"state {layout}, size {fmt_size(nbytes)}")
+                    measured[layout, nbytes] = bench_size(
+                        group, base, nbytes, args.reps, orbax, log, layout
+                    )
+                log("barriers")
+                bar = bench_barriers(group, args.barriers, max(BARRIER_ROUNDS, args.reps))
+                jsize = min(sizes, key=lambda s: abs(s - parse_size(args.scaling_size)))
+                journal = None
+                if "journal" not in skip:
+                    log("journal overhead")
+                    journal = bench_journal(group, base, jsize, max(3, args.reps), log)
+                group.run(f"{W}:build", 0, 1)  # let go of the state before other groups start
+            scaling: dict[int, tuple[float, float, int]] = {}
+            if "scaling" not in skip:
+                log("scaling")
+                counts = sorted({1, 2, args.processes})
+                scaling = bench_scaling(base, parse_size(args.scaling_size), args.reps, counts, log)
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
     load1 = os.getloadavg()
     minutes = (time.time() - t_start) / 60
 
@@ -447,6 +464,7 @@ def main(argv: list[str] | None = None) -> int:
         f"- load average (1, 5, 15 min) at start {load0[0]:.2f} {load0[1]:.2f} "
         f"{load0[2]:.2f}, at end {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f} (the 2 "
         "cores are shared with other work)",
+        f"- {held}",
         "",
         "## Method",
         "",
@@ -470,7 +488,8 @@ def main(argv: list[str] | None = None) -> int:
         "chunk per shard, fsync'd, timed between two barriers) and a `dd`-like "
         "single-stream write + `fdatasync` from the parent, and Orbax "
         "(`ocp.AsyncCheckpointer(ocp.StandardCheckpointHandler())`, its durable "
-        "defaults: OCDBT, zstd, fsync). After each run its files are "
+        "defaults: OCDBT, zstd, fsync). Every timed call starts at a barrier of the "
+        "processes, as the limit's do. After each run its files are "
         "deleted and `sync`ed. nbckpt and Orbax each save with one checkpointer per "
         "process kept over the repetitions, as a training loop does (nbckpt reuses the "
         "host buffers of its last save). The page cache is dropped "

@@ -96,3 +96,33 @@ def test_in_turn_never_runs_nbckpt_right_after_orbax_nor_orbax_after_nbckpt():
         assert all(sorted(in_turn(runners, r)) == sorted(runners) for r in range(7))
         firsts = [in_turn(runners, r)[0] for r in range(6)]
         assert firsts.count("nb") == firsts.count("ob") == 3
+
+
+def test_freed_memory_is_held_for_the_run_and_the_setting_put_back(tmp_path, monkeypatch):
+    import engine_bench
+
+    knob = tmp_path / "min_free_ms"
+    knob.write_text("0\n")
+    monkeypatch.setattr(engine_bench, "PAGE_REPORTING", knob)
+    with engine_bench.hold_freed_memory() as line:
+        assert knob.read_text().strip() == str(engine_bench.HOLD_MS)
+        assert "held in the guest 300 s" in line and "0 -> 300000" in line
+    assert knob.read_text().strip() == "0"
+    # Put back even when the run fails.
+    try:
+        with engine_bench.hold_freed_memory():
+            raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        pass
+    assert knob.read_text().strip() == "0"
+    with engine_bench.hold_freed_memory(hold=False) as line:
+        assert knob.read_text().strip() == "0" and "as-is" in line
+
+
+def test_without_the_knob_nothing_is_held_and_the_report_says_so(tmp_path, monkeypatch):
+    import engine_bench
+
+    monkeypatch.setattr(engine_bench, "PAGE_REPORTING", tmp_path / "absent")
+    with engine_bench.hold_freed_memory() as line:
+        assert line.startswith("free page reporting: nothing held") and "absent" in line
+    assert not (tmp_path / "absent").exists()
