@@ -19,8 +19,9 @@ turns (``engine_bench.in_turn``):
 
 Saves are timed to the durable commit; the page cache is dropped before every restore
 (``/proc/sys/vm/drop_caches``, or ``posix_fadvise`` per file where that is not
-allowed). Each figure is the median over repetitions of the slowest process. The last
-line printed sums up the ratios.
+allowed), and memory a run frees stays in the guest while the comparison runs
+(``engine_bench.hold_freed_memory``, where the VM offers it). Each figure is the median
+over repetitions of the slowest process. The last line printed sums up the ratios.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ sys.path[:0] = [str(HERE), str(REPO)]
 
 from _compare_report import fmt_size, gbps, med, parse_size, ratio  # noqa: E402
 from compare import group_of, remove  # noqa: E402
-from engine_bench import drop_cache, in_turn, scratch_dir  # noqa: E402
+from engine_bench import drop_cache, hold_freed_memory, in_turn, scratch_dir  # noqa: E402
 
 from nbckpt.procgroup import ProcessGroup  # noqa: E402
 
@@ -190,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     figures = []
     try:
-        with group_of(args.processes) as group:
+        with hold_freed_memory() as held, group_of(args.processes) as group:
             for nbytes in sizes:
                 log(f"size {fmt_size(nbytes)}")
                 figures.append(bench_size(group, base, nbytes, args.reps, log))
@@ -201,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     command = " ".join(["benchmarks/orbax_format.py", *cli])
     print(f"# nbckpt format=orbax vs Orbax vs nbckpt (`{command}`)")
     print(f"{os.cpu_count()} cores; {(time.time() - t0) / 60:.1f} minutes")
+    print(held)
     print()
     print("\n".join(report(figures, args.processes, args.reps)))
     print(summary(figures[-1]))

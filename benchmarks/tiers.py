@@ -7,7 +7,8 @@ script starts its own S3 server (moto on 127.0.0.1, in memory: a real S3 is slow
 One group of local JAX processes (one CPU device each, each process its own host
 with its own local directory under ``/dev/shm``) holds the ``fsdp`` state of
 ``benchmarks/compare.py`` and, every repetition, in this order and its reverse in turns
-(``engine_bench.in_turn``):
+(``engine_bench.in_turn``; memory a run frees stays in the guest meanwhile, where the
+VM offers it: ``engine_bench.hold_freed_memory``):
 
 - ``disk``: no local tier; save to a root on the local disk (to durable), drop the
   page cache, restore the newest step: the cold read a restarted job does today;
@@ -44,7 +45,7 @@ sys.path[:0] = [str(HERE), str(REPO)]
 
 from _compare_report import fmt_size, parse_size  # noqa: E402
 from compare import group_of  # noqa: E402
-from engine_bench import drop_cache, in_turn, scratch_dir  # noqa: E402
+from engine_bench import drop_cache, hold_freed_memory, in_turn, scratch_dir  # noqa: E402
 
 from nbckpt import storage  # noqa: E402
 from nbckpt.storage.local_s3 import S3Server  # noqa: E402
@@ -206,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
             server.create_bucket(bucket)
             env = server.env()
             os.environ.update(env)  # the parent names s3:// roots too (to delete them)
-        with group_of(args.processes) as group:
+        with hold_freed_memory() as held, group_of(args.processes) as group:
             group.run(f"{W}:build", nbytes)
             for rep in range(args.reps):
                 print(f"repetition {rep + 1}/{args.reps}", file=sys.stderr, flush=True)
@@ -225,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         + ("no S3 (--no-s3)" if args.no_s3 else "S3 is moto (Python, in memory) on 127.0.0.1")
         + "; local directories are in /dev/shm"
     )
+    print(held)
     print()
     print("\n".join(report(series, nbytes, args.processes, args.reps)))
     return 0
