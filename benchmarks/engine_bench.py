@@ -195,6 +195,10 @@ def hold_freed_memory(hold: bool = True) -> Iterator[str]:
         return
     try:
         before = PAGE_REPORTING.read_text().strip()
+        if before == str(HOLD_MS):
+            # Another run holds it and puts it back: this one must not restore its hold.
+            yield f"free page reporting: already held {HOLD_MS // 1000} s by another run"
+            return
         PAGE_REPORTING.write_text(f"{HOLD_MS}\n")
     except OSError as e:
         why = "absent" if isinstance(e, FileNotFoundError) else e.strerror

@@ -117,6 +117,12 @@ def test_freed_memory_is_held_for_the_run_and_the_setting_put_back(tmp_path, mon
     assert knob.read_text().strip() == "0"
     with engine_bench.hold_freed_memory(hold=False) as line:
         assert knob.read_text().strip() == "0" and "as-is" in line
+    # Two runs at once: the second leaves the first's hold for the first to put back.
+    with engine_bench.hold_freed_memory():
+        with engine_bench.hold_freed_memory() as inner:
+            assert "already held" in inner
+        assert knob.read_text().strip() == str(engine_bench.HOLD_MS)
+    assert knob.read_text().strip() == "0"
 
 
 def test_without_the_knob_nothing_is_held_and_the_report_says_so(tmp_path, monkeypatch):
