@@ -8,24 +8,23 @@ Run: ``.venv/bin/python benchmarks/compare.py [--sizes 64M,256M,1G,4G] [--reps 5
 The same group of local JAX processes (one CPU device each) holds a state with random
 values and saves and restores it with nbckpt, with Orbax
 (``AsyncCheckpointer(StandardCheckpointHandler())``, its durable defaults) and with
-plain files (each unique byte written once per job, split evenly among the
-processes, ``fdatasync``'d, and read back: the raw limit; written both buffered and
-with ``O_DIRECT``, the faster counting), forward and backward in turns
-(``engine_bench.in_turn``). The states (``_workers.LAYOUTS``) are ``fsdp`` (8 float32 arrays sharded
-over every device), ``replicated`` (the same arrays whole on every device), ``mesh2d``
-(a 2-D mesh, partly replicated), ``small`` (an optimizer-like tree of a few large
-leaves, hundreds of small ones and scalars), ``transformer`` (a transformer's
-parameters and AdamW state, 442 leaves) and ``many`` (the same, 4,006 leaves).
-``--sizes`` are the sizes of the
-``fsdp`` state, which is also written with plain tensorstore (one uncompressed zarr
-chunk per shard, fsync'd); ``--state-sizes`` those of every state in ``--states``.
-A state and size in both grids is measured once. Every timed call starts at a
-barrier, as the limit's do. The page cache is dropped before every read. Where the
-VM's balloon hands freed memory back to the host, it is held in the guest for the
-run (``--page-reporting hold``, the default; see ``engine_bench.hold_freed_memory``).
-Each figure is the median over repetitions of the slowest process. The
-results go to ``benchmarks/RESULTS.md`` (not in ``--quick`` mode unless ``--out`` is
-given) and the last line printed sums up the ratios.
+plain files (each unique byte written once per job, split evenly among the processes,
+``fdatasync``'d, and read back: the raw limit; written both buffered and with
+``O_DIRECT``, the faster counting), forward and backward in turns
+(``engine_bench.in_turn``). The states (``_workers.LAYOUTS``) are ``fsdp`` (8 float32
+arrays sharded over every device), ``replicated`` (the same arrays whole on every
+device), ``mesh2d`` (a 2-D mesh, partly replicated), ``small`` (an optimizer-like tree
+of a few large leaves, hundreds of small ones and scalars), ``transformer`` (a
+transformer's parameters and AdamW state, 442 leaves) and ``many`` (the same, 4,006
+leaves). ``--sizes`` are the sizes of the ``fsdp`` state, which is also written with
+plain tensorstore (one uncompressed zarr chunk per shard, fsync'd); ``--state-sizes``
+those of every state in ``--states``. A state and size in both grids is measured once.
+Every timed call starts at a barrier, as the limit's do. The page cache is dropped
+before every read. Where the VM's balloon hands freed memory back to the host, it is
+held in the guest for the run (``--page-reporting hold``, the default; see
+``engine_bench.hold_freed_memory``). Each figure is the median over repetitions of the
+slowest process. The results go to ``benchmarks/RESULTS.md`` (not in ``--quick`` mode
+unless ``--out`` is given) and the last line printed sums up the ratios.
 """
 
 from __future__ import annotations

@@ -197,7 +197,10 @@ def hold_freed_memory(hold: bool = True) -> Iterator[str]:
         before = PAGE_REPORTING.read_text().strip()
         if before == str(HOLD_MS):
             # Another run holds it and puts it back: this one must not restore its hold.
-            yield f"free page reporting: already held {HOLD_MS // 1000} s by another run"
+            yield (
+                f"free page reporting: already held (`min_free_ms` {HOLD_MS}: another "
+                "run's, or one stopped before it put the setting back)"
+            )
             return
         PAGE_REPORTING.write_text(f"{HOLD_MS}\n")
     except OSError as e:
