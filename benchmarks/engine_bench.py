@@ -144,8 +144,9 @@ def in_turn(runners: Sequence[T], rep: int) -> list[T]:
     tensorstore runs too), Orbax after nbckpt in 2 (in none). Forward and backward
     in turns, the first and the last never follow each other: each follows its one
     neighbour or itself, as often as the other does. The effect outlasts a run in
-    between, so this takes out the order's bias, not the effect. Every benchmark
-    that compares systems in one run takes its order from here.
+    between, so this takes out the order's bias, not the effect
+    (:func:`hold_freed_memory` takes out the effect, where the VM lets it). Every
+    benchmark that compares systems in one run takes its order from here.
     """
     return list(runners) if rep % 2 == 0 else list(reversed(runners))
 
