@@ -341,6 +341,9 @@ def machine(base: Path) -> list[str]:
         rota.read_text().strip() if rota.exists() else "", "unknown"
     )
     rev = _cmd("git", "-C", str(REPO), "rev-parse", "--short", "HEAD")
+    # Figures from a tree with changes of its own are not the commit's: say so.
+    if rev and _cmd("git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"):
+        rev += " with uncommitted changes"
     return [
         f"- CPU: {os.cpu_count()} cores (`nproc`), {cpu}",
         f"- memory: {int(mem) / 2**20:.1f} GiB",

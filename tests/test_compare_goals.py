@@ -132,3 +132,25 @@ def test_without_the_knob_nothing_is_held_and_the_report_says_so(tmp_path, monke
     with engine_bench.hold_freed_memory() as line:
         assert line.startswith("free page reporting: nothing held") and "absent" in line
     assert not (tmp_path / "absent").exists()
+
+
+def test_the_report_says_when_the_figures_come_from_a_changed_tree(tmp_path, monkeypatch):
+    import subprocess
+
+    import compare
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "f.py").write_text("a = 1\n")
+    git("add", "f.py")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "one")
+    monkeypatch.setattr(compare, "REPO", tmp_path)
+
+    def line() -> str:
+        return next(ln for ln in compare.machine(tmp_path) if "nbckpt at git" in ln)
+
+    assert "uncommitted" not in line()
+    (tmp_path / "f.py").write_text("a = 2\n")
+    assert line().endswith("with uncommitted changes")
