@@ -1,4 +1,7 @@
-"""Issue 29's "done when" is judged from a run's figures as the issue states it."""
+"""Issue 29's "done when" is judged from a run's figures as the issue states it, and
+the comparison is run and reported fairly: the order of the systems, freed memory held
+for the run (on a stand-in for the kernel's setting; the quick runs in
+``test_benchmarks.py`` use the real one where the machine has it), the commit named."""
 
 from __future__ import annotations
 
