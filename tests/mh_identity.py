@@ -27,12 +27,12 @@ def save_then_donate(root: str, step: int) -> list[float]:
     state = {"w": w, "b": jax.device_put(np.ones(4, np.float32), NamedSharding(_mesh(), P()))}
     train = jax.jit(lambda s: jax.tree.map(lambda a: a * 3.0 + 1.0, s), donate_argnums=0)
     donated = threading.Event()
-    # The background save waits until the donation happened, as a slow disk would.
+    # The background save waits until the donating step ran, as a slow disk would.
     hooks.set_hook("prepare", lambda _: donated.wait(30))
     try:
         ckptr = AsyncCheckpointer(root)
         ckptr.save(step, state)
-        state = train(state)  # the saved arrays are donated: their buffers are reused
+        state = train(state)  # donates the saved arrays (on CPU the save holds their buffers)
         state = train(state)
         donated.set()
         ckptr.wait_until_finished()

@@ -66,7 +66,7 @@ def test_what_suits_a_direct_write():
     assert direct.suits(big, whole=True)
     assert not direct.suits(big, whole=False)  # an edge chunk is stored padded
     assert not direct.suits(big[: (1 << 18) - 1], whole=True)  # under MIN_BYTES
-    assert not direct.suits(_aligned((2 << 20) + 1)[1:], whole=True)  # not on a block
+    assert direct.suits(_aligned((2 << 20) + 1)[1:], whole=True)  # copied through a stage
     assert not direct.suits(big.reshape(512, 1024)[:, :512], whole=True)  # not contiguous
     assert not direct.suits(big.view(">f4"), whole=True)  # not the stored byte order
 
@@ -111,7 +111,7 @@ def _pieces(seed: int) -> tuple[list[tuple[int, np.ndarray]], int, bytes]:
 def test_a_gathered_file_holds_its_pieces_with_zeros_between(tmp_path, monkeypatch):
     # Buffers of two blocks: pieces span buffers, and one spans several.
     monkeypatch.setattr(direct, "STAGE_BYTES", 2 * direct.BLOCK)
-    monkeypatch.setattr(direct, "_stages", [])
+    monkeypatch.setattr(direct, "_stages", {})
     opened = _open_flags(monkeypatch)
     pieces, nbytes, want = _pieces(3)
     counted: list[int] = []
@@ -121,9 +121,39 @@ def test_a_gathered_file_holds_its_pieces_with_zeros_between(tmp_path, monkeypat
     assert opened and opened[0] & os.O_DIRECT
     assert sum(counted) == sum(p.nbytes for _, p in pieces) and len(counted) > 2
     # The buffer is kept for the next file, not made again.
-    assert len(direct._stages) == 1
+    assert [len(kept) for kept in direct._stages.values()] == [1]
     direct.write_gathered(tmp_path / "again", pieces, nbytes)
-    assert len(direct._stages) == 1 and (tmp_path / "again").read_bytes() == want
+    assert [len(kept) for kept in direct._stages.values()] == [1]
+    assert (tmp_path / "again").read_bytes() == want
+
+
+@pytest.mark.parametrize("blocks", [5, 6, 13])
+def test_bytes_off_a_block_go_direct_through_a_kept_stage(tmp_path, monkeypatch, blocks):
+    """A CPU array's own buffer starts off a block: it is copied a stretch at a time."""
+    monkeypatch.setattr(direct, "CHUNK_STAGE_BYTES", 3 * direct.BLOCK)
+    monkeypatch.setattr(direct, "_stages", {})
+    opened = _open_flags(monkeypatch)
+    writes: list[tuple[int, int, int]] = []  # (address % BLOCK, length, offset)
+    real_pwrite = os.pwrite
+
+    def spy(fd, data, offset):
+        address = np.frombuffer(data, np.uint8).__array_interface__["data"][0]
+        writes.append((address % direct.BLOCK, len(data), offset))
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(direct.os, "pwrite", spy)
+    data = _aligned(blocks * direct.BLOCK + 64 + 10, seed=blocks)[64:]  # 64 past a page
+    assert data.__array_interface__["data"][0] % direct.BLOCK == 64
+    path = tmp_path / "leaf" / "0"
+    direct.write_file(path, data).result()
+    assert path.read_bytes() == data.tobytes()
+    assert opened and opened[0] & os.O_DIRECT
+    # Whole blocks from the stage's start, at block offsets; the 10-byte tail after them.
+    direct_writes = [w for w in writes if w[1] % direct.BLOCK == 0]
+    assert all(w[0] == 0 and w[2] % direct.BLOCK == 0 for w in direct_writes)
+    assert sum(w[1] for w in writes) == data.nbytes and writes[-1][1] == 10
+    assert max(w[1] for w in writes) <= 3 * direct.BLOCK
+    assert [len(kept) for kept in direct._stages.values()] == [1]
 
 
 @pytest.mark.parametrize("gathered", [False, True])
@@ -140,7 +170,7 @@ def test_a_file_system_that_refuses_direct_writes_gets_them_through_the_page_cac
     monkeypatch.setattr(direct.os, "pwrite", refuse)
     if gathered:
         monkeypatch.setattr(direct, "STAGE_BYTES", 2 * direct.BLOCK)
-        monkeypatch.setattr(direct, "_stages", [])
+        monkeypatch.setattr(direct, "_stages", {})
         pieces, nbytes, want = _pieces(4)
         direct.write_gathered(tmp_path / "f", pieces, nbytes)
         assert (tmp_path / "f").read_bytes() == want

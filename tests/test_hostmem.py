@@ -1,7 +1,12 @@
-"""The host buffers a save copies into are lent again only once that save ended well."""
+"""The host buffers a save copies into are lent again only once that save ended well.
+
+A CPU device's arrays are not copied at all: the save holds their buffers (tested
+here too); NumPy arrays are, and so are CPU arrays where XLA would donate a held buffer.
+"""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import jax
@@ -23,6 +28,11 @@ def _state(seed: int) -> dict[str, jax.Array]:
         "v": jax.random.normal(keys[1], (ROWS, 512), jnp.float32),
         "b": jnp.ones(16, jnp.float32),  # small: cut from a slab
     }
+
+
+def _np_state(seed: int) -> dict[str, np.ndarray]:
+    """The same shapes as NumPy arrays, which the primary copies."""
+    return {k: np.array(v) for k, v in _state(seed).items()}
 
 
 def test_a_loan_gives_back_the_same_memory_and_a_failed_one_never() -> None:
@@ -75,16 +85,17 @@ def test_small_copies_are_cut_from_slabs_kept_for_the_next_save() -> None:
 
 
 def test_saves_into_reused_buffers_each_restore_what_was_saved(tmp_path: Path) -> None:
-    """Three saves of donated states: each copy reuses the last save's buffers."""
-    step_fn = jax.jit(lambda s: jax.tree.map(lambda a: a * 2 + 1, s), donate_argnums=0)
-    state = _state(0)
+    """Three saves of NumPy states changed in place at once: each reuses the last's buffers."""
+    state = _np_state(0)
     expected = {}
     ck = AsyncCheckpointer(tmp_path)
     try:
         for step in range(3):
-            expected[step] = {k: np.array(v) for k, v in state.items()}
+            expected[step] = {k: v.copy() for k, v in state.items()}
             ck.save(step, state)
-            state = step_fn(state)  # donates what was just saved
+            for v in state.values():  # what the save copied, the caller may change
+                v *= 2
+                v += 1
             ck.wait_until_finished()
             assert ck._buffers.nbytes == 2 * ROWS * 512 * 4 + SLAB_BYTES  # "b": a slab
         for step, want in expected.items():
@@ -95,10 +106,62 @@ def test_saves_into_reused_buffers_each_restore_what_was_saved(tmp_path: Path) -
     assert ck._buffers.nbytes == 0
 
 
+def test_cpu_arrays_are_held_in_place_through_donation_and_deletion(tmp_path: Path) -> None:
+    """No copy: the save writes from the arrays' own buffers, which nothing can take."""
+    from nbckpt.engine.save import snapshot
+
+    assert snapshot.views_hold_buffers(jax.devices()[0])  # what this XLA does
+    state = _state(6)
+    want = {k: np.array(v) for k, v in state.items()}
+    step_fn = jax.jit(lambda s: jax.tree.map(lambda a: a * 0 - 1, s), donate_argnums=0)
+    held: list[bool] = []
+    go = threading.Event()
+
+    def hold(_: object) -> None:
+        job = ck._inflight.job
+        assert job is not None
+        views = {w.leaf: w.data for w in job.snap.writes}
+        held.append(np.shares_memory(views["w"], np.asarray(state["w"])))
+        go.wait(30)
+
+    hooks.set_hook("prepare", hold)
+    try:
+        with AsyncCheckpointer(tmp_path) as ck:
+            ck.save(1, state)
+            new = step_fn(state)  # asks to donate: the step gets new buffers
+            assert not state["w"].is_deleted()
+            state["v"].delete()  # its buffer lives on in the save's view
+            filler = [jnp.full((ROWS, 512), 7.0) for _ in range(8)]
+            go.set()
+            ck.wait_until_finished()
+            assert ck._buffers.nbytes == 0  # nothing copied into nbckpt's own buffers
+            out = ck.restore(1)
+    finally:
+        hooks.clear_hooks()
+    assert held == [True]
+    assert all(np.array_equal(np.asarray(out[k]), want[k]) for k in want)
+    assert float(new["w"][0, 0]) == -1.0 and float(filler[0][0, 0]) == 7.0
+
+
+def test_cpu_arrays_are_copied_where_xla_would_donate_a_held_buffer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nbckpt.engine.save import snapshot
+
+    monkeypatch.setattr(snapshot, "views_hold_buffers", lambda device: False)
+    ck = AsyncCheckpointer(tmp_path)
+    try:
+        ck.save(1, _state(7))
+        ck.wait_until_finished()
+        assert ck._buffers.nbytes == 2 * ROWS * 512 * 4 + SLAB_BYTES
+    finally:
+        ck.close()
+
+
 def test_a_failed_save_keeps_no_buffer_and_the_next_save_is_whole(tmp_path: Path) -> None:
     ck = AsyncCheckpointer(tmp_path, timeout_s=30)
     try:
-        ck.save(1, _state(1))
+        ck.save(1, _np_state(1))
         ck.wait_until_finished()
         kept = ck._buffers.nbytes
         assert kept > 0
@@ -108,14 +171,14 @@ def test_a_failed_save_keeps_no_buffer_and_the_next_save_is_whole(tmp_path: Path
 
         hooks.set_hook("write", boom)
         try:
-            ck.save(2, _state(2))
+            ck.save(2, _np_state(2))
             with pytest.raises(CheckpointError, match="disk went away"):
                 ck.wait_until_finished()
         finally:
             hooks.clear_hooks()
         assert ck._buffers.nbytes == 0
-        want = {k: np.array(v) for k, v in _state(3).items()}
-        ck.save(3, _state(3))
+        want = _np_state(3)
+        ck.save(3, _np_state(3))
         ck.wait_until_finished()
         out = ck.restore(3)
         assert all(np.array_equal(np.asarray(out[k]), want[k]) for k in want)
@@ -126,7 +189,7 @@ def test_a_failed_save_keeps_no_buffer_and_the_next_save_is_whole(tmp_path: Path
 def test_keep_host_buffers_false_holds_nothing_between_saves(tmp_path: Path) -> None:
     ck = AsyncCheckpointer(tmp_path, keep_host_buffers=False)
     try:
-        ck.save(1, _state(4))
+        ck.save(1, _np_state(4))
         ck.wait_until_finished()
         assert ck._buffers.nbytes == 0
         # The finished job the checkpointer keeps holds no copy either.

@@ -41,19 +41,28 @@ def _verified(root: Path) -> list[tuple[str, str, str]]:
 # 1. Donated buffers -----------------------------------------------------------------
 
 
-def test_arrays_donated_right_after_save_are_saved_as_they_were(tmp_path: Path) -> None:
+@pytest.mark.parametrize("held", [True, False], ids=["held", "copied"])
+def test_arrays_donated_right_after_save_are_saved_as_they_were(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, held: bool
+) -> None:
+    """On CPU the save holds the arrays' buffers, or (where XLA would donate them) copies."""
+    from nbckpt.engine.save import snapshot
+
+    if not held:
+        monkeypatch.setattr(snapshot, "views_hold_buffers", lambda device: False)
     w = jnp.arange(64 * 64, dtype=jnp.float32).reshape(64, 64)
     state = {"w": w, "b": jnp.ones(64, jnp.float32), "n": jnp.int32(7)}
     expected = {k: np.array(v) for k, v in state.items()}
     train = jax.jit(lambda s: jax.tree.map(lambda a: a * 3 + 1, s), donate_argnums=0)
     donated = threading.Event()
-    # The background save waits until the donation happened, as a slow disk would.
+    # The background save waits until the donating step ran, as a slow disk would.
     hooks.set_hook("prepare", lambda _: donated.wait(30))
     try:
         ck = AsyncCheckpointer(tmp_path)
         ck.save(1, state)
-        new = train(state)  # donates the saved arrays; their buffers hold the new values
-        assert state["w"].is_deleted()
+        new = train(state)  # donates the saved arrays, or gets new buffers while held
+        # Held, the donation gives the step new buffers; copied, it takes the old ones.
+        assert state["w"].is_deleted() is not held
         new = train(new)
         donated.set()
         ck.wait_until_finished()
@@ -62,6 +71,10 @@ def test_arrays_donated_right_after_save_are_saved_as_they_were(tmp_path: Path) 
     out = ck.restore(1)
     assert all(np.array_equal(np.asarray(out[k]), expected[k]) for k in expected)
     assert np.array_equal(np.asarray(new["w"]), expected["w"] * 9 + 4)
+    if held:
+        # Once the save let go of them, the arrays are the caller's to donate again.
+        train(state)
+        assert state["w"].is_deleted()
 
 
 @pytest.mark.multihost

@@ -53,13 +53,15 @@ def test_an_optax_chain_saved_then_donated_restores_as_it_was(tmp_path: Path) ->
     state = {"params": params, "opt": opt_state, "step": 1}
     expected = jax.tree.map(lambda x: np.array(x) if hasattr(x, "dtype") else x, state)
     ck = AsyncCheckpointer(tmp_path)
-    # The write waits until the next training step has donated the saved buffers.
+    # The write waits until the next training step, which donates its arguments, ran.
     donated = threading.Event()
     hooks.set_hook("prepare", lambda _p: donated.wait(30))
     try:
         ck.save(1, state)
-        params, opt_state = step(state["params"], state["opt"])  # donates what was saved
-        assert state["params"]["w"].is_deleted()
+        params, opt_state = step(state["params"], state["opt"])  # asks to donate them
+        # On CPU the save holds the saved buffers, so the step got new ones for its
+        # results (the copying path is tested in test_identity and test_hostmem).
+        assert not state["params"]["w"].is_deleted()
         donated.set()
         ck.wait_until_finished()
     finally:

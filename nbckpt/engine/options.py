@@ -71,10 +71,12 @@ class CheckpointerOptions:
         tier, only leaves of at most 1 MiB in all are packed (peers send a pack whole,
         and a replaced host would fetch every pack holding a chunk it needs).
     keep_host_buffers
-        Keep the host memory that a save copied its shards into for the next save
-        (:mod:`nbckpt.engine.save.hostmem`): between saves a process then holds the
-        bytes it writes, and each save's copy reuses them instead of faulting in new
-        memory. False frees them once each save ends.
+        Keep the host memory that a save copied into for the next save
+        (:mod:`nbckpt.engine.save.hostmem`), so that each save's copy reuses it
+        instead of faulting in new memory: NumPy leaves, offloaded shards, and CPU
+        shards where XLA would donate a buffer the save holds (otherwise a CPU
+        array is written from its own buffers, see
+        :mod:`nbckpt.engine.save.snapshot`). False frees it once each save ends.
     """
 
     mode: Mode = RENAME

@@ -57,8 +57,10 @@ class CheckpointSaver(CheckpointReader):
     ) -> None:
         """Start saving ``tree`` as ``step``; return once the snapshot is safe.
 
-        The snapshot is a host copy of every shard this process writes, so the arrays
-        may be donated or changed as soon as this returns. ``None`` and empty
+        The snapshot keeps every shard this process writes safe from what comes
+        next (a host copy; on CPU devices the shard's own buffer, held so that XLA
+        does not donate it), so the arrays may be donated, deleted or changed as
+        soon as this returns. ``None`` and empty
         containers are recorded with the tree, so positions never shift.
 
         Parameters

@@ -13,10 +13,14 @@ each as 8 files of 32 MiB, ``fdatasync`` each, 6 alternating runs): 0.49-0.50 s
 with ``O_DIRECT`` whatever the number of threads, 0.48-1.50 s buffered.
 
 Where it applies: a chunk file of the nbckpt layout (raw bytes, C order) of at least
-:data:`MIN_BYTES`, whose bytes are one contiguous stretch of memory starting on a
-:data:`BLOCK` boundary (a large shard's buffer is a mapping of its own, so its first
-chunk always does), in a directory on a file system known to take such writes
-(:data:`DIRECT_FILE_SYSTEMS`), in a process whose :data:`DIRECT_ENV` is not ``0``.
+:data:`MIN_BYTES`, whose bytes are one contiguous stretch of memory, in a directory on
+a file system known to take such writes (:data:`DIRECT_FILE_SYSTEMS`), in a process
+whose :data:`DIRECT_ENV` is not ``0``. Bytes that start on a :data:`BLOCK` boundary (a
+copy's buffer is a mapping of its own) go from where they are; others (a CPU array's
+own buffer, which the snapshot holds without copying it) are copied a stretch at a
+time into a kept page-aligned buffer of :data:`CHUNK_STAGE_BYTES` and written from
+there: the one copy such a save makes, on the writing threads rather than in the
+caller's way.
 The bytes up to the last whole :data:`BLOCK` go with ``O_DIRECT``; the rest (a
 file's tail) is written through the page cache, and ``fdatasync`` makes the whole
 file durable before the write counts as done, as tensorstore's own writes do. A file
@@ -53,6 +57,7 @@ __all__ = [
     "BLOCK",
     "DIRECT_ENV",
     "DIRECT_FILE_SYSTEMS",
+    "CHUNK_STAGE_BYTES",
     "MIN_BYTES",
     "can_write_direct",
     "suits",
@@ -109,7 +114,12 @@ _pool = LazyPool(THREADS, "nbckpt-direct")
 #: The buffer a pack's pieces are copied into before each ``O_DIRECT`` write.
 STAGE_BYTES = 1 << 20
 
-_stages: list[mmap.mmap] = []
+#: The buffer a chunk file's bytes are copied through where they do not start on a
+#: block: one long stretch, so a larger buffer, fewer and larger writes.
+CHUNK_STAGE_BYTES = 8 << 20
+
+#: Kept buffers, by size.
+_stages: dict[int, list[mmap.mmap]] = {}
 _stages_lock = threading.Lock()
 
 
@@ -151,7 +161,6 @@ def suits(part: np.ndarray, whole: bool) -> bool:
         and part.flags.c_contiguous
         and part.dtype.name in _RAW_DTYPES
         and part.dtype.byteorder in "=<|"
-        and part.__array_interface__["data"][0] % BLOCK == 0
     )
 
 
@@ -178,7 +187,7 @@ def write_gathered(
     do not overlap. ``progress`` gets the pieces' bytes as each buffer is written.
     The file is durable on return; a write that fails removes it.
     """
-    with _created(path) as file, _staged() as stage:
+    with _created(path) as file, _staged(STAGE_BYTES) as stage:
         view = memoryview(stage)
         base = fill = copied = 0  # the buffer's offset in the file; bytes in it; of pieces
 
@@ -210,8 +219,17 @@ def write_gathered(
 
 
 def _write(path: Path, part: np.ndarray) -> None:
+    data = part.reshape(-1).view(np.uint8).data
     with _created(path) as file:
-        file.write(part.reshape(-1).view(np.uint8).data, 0)
+        if part.__array_interface__["data"][0] % BLOCK == 0:
+            file.write(data, 0)
+            return
+        with _staged(CHUNK_STAGE_BYTES) as stage:
+            view = memoryview(stage)
+            for at in range(0, len(data), CHUNK_STAGE_BYTES):
+                n = min(CHUNK_STAGE_BYTES, len(data) - at)
+                view[:n] = data[at : at + n]
+                file.write(view[:n], at)
 
 
 class _File:
@@ -266,19 +284,20 @@ def _created(path: Path) -> Iterator[_File]:
 
 
 @contextlib.contextmanager
-def _staged() -> Iterator[mmap.mmap]:
-    """A page-aligned buffer of :data:`STAGE_BYTES`, kept for the next file after use.
+def _staged(nbytes: int) -> Iterator[mmap.mmap]:
+    """A page-aligned buffer of ``nbytes``, kept for the next file after use.
 
     Kept because new memory is slow to touch on the test machine (see the module's
     notes); a file written on each of a process's writing threads at once takes one each.
     """
     with _stages_lock:
-        stage = _stages.pop() if _stages else mmap.mmap(-1, STAGE_BYTES)
+        kept = _stages.get(nbytes)
+        stage = kept.pop() if kept else mmap.mmap(-1, nbytes)
     try:
         yield stage
     finally:
         with _stages_lock:
-            _stages.append(stage)
+            _stages.setdefault(nbytes, []).append(stage)
 
 
 def _put(fd: int, data: memoryview, start: int, stop: int, offset: int, *, direct: bool) -> int:

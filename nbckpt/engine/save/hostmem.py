@@ -1,7 +1,8 @@
 """Host memory for a save's copies, kept from one save to the next.
 
-Every shard a process writes is copied to host memory before ``save`` returns
-(:mod:`nbckpt.engine.save.snapshot`). A fresh copy of a large shard is new memory:
+What a save copies before ``save`` returns (:mod:`nbckpt.engine.save.snapshot`:
+NumPy arrays, offloaded shards, and CPU shards only where XLA would donate a buffer
+the save holds) is copied into these. A fresh copy of a large shard is new memory:
 every page faults on first touch, and NumPy asks the kernel for transparent huge pages
 for large arrays, which on a busy host compacts memory in the copy's path and slows the
 page-cache writes that follow. Measured on the 2-core test machine (4 processes, 1 GiB

@@ -2,15 +2,27 @@
 
 What a save writes must outlive the call: training goes on once ``save`` returns, and
 a jitted step that donates the saved arrays (``donate_argnums``) deletes them and
-reuses their buffers. So every shard this process writes is copied to host memory
-here: the copies of all shards are started at once and then awaited. Where the device
-has pinned host memory (GPUs, TPUs) a shard is copied there (``jax.device_put``), at
-the bus's speed: on one H200, 1 GiB in 0.02 s, against 0.6 s for
-``copy_to_host_async``, whose copy lands in pageable memory. Elsewhere the copy is
-``copy_to_host_async``'s; on a CPU device, where the host view of an array is its
-device buffer, the shard is copied outright. NumPy arrays can be mutated by the
-caller, so the process that writes them copies them too, in native byte order (what
-the checksums and the stored dtype describe).
+reuses their buffers. Where the device has pinned host memory (GPUs, TPUs) a shard is
+copied there (``jax.device_put``), at the bus's speed: on one H200, 1 GiB in 0.02 s,
+against 0.6 s for ``copy_to_host_async``, whose copy lands in pageable memory.
+Elsewhere the copy is ``copy_to_host_async``'s; the copies of all shards are started at
+once and then awaited.
+
+A CPU device's shard is host memory already, and is not copied: the save holds a host
+view of it (``np.asarray``, read-only), and a buffer with such a view is one that XLA's
+CPU client does not donate. A jitted step that donates the saved arrays while the save
+writes them gets new buffers for its results instead, and the arrays stay as they were
+until the save lets go of them; a deleted array's buffer lives on in the view. So the
+blocking part of a save on CPU is its agreement and its bookkeeping, and the one copy
+a write needs is made while writing (:mod:`.direct`). Measured on the 2-core test
+machine (4 processes, ``benchmarks/compare.py``'s states, A/B against copying, 4
+groups of 5-6 saves each way): the ``small`` 256 MiB state blocked 28 ms against 54
+and was durable in 193 ms against 229; the 1 GiB ``transformer`` 32 ms against 124 and
+640 ms against 704. That XLA keeps such a buffer is checked once per process
+(:func:`views_hold_buffers`); where it would not, the shard is copied as before.
+
+NumPy arrays can be mutated by the caller, so the process that writes them copies
+them, in native byte order (what the checksums and the stored dtype describe).
 """
 
 from __future__ import annotations
@@ -37,6 +49,7 @@ __all__ = [
     "has_pinned_host",
     "replica_count",
     "take_snapshot",
+    "views_hold_buffers",
 ]
 
 
@@ -44,7 +57,7 @@ __all__ = [
 PINNED = "pinned_host"
 
 #: The platforms whose shards are copied to pinned host memory where their device has
-#: it. A CPU device's shards are host memory already (see ``_host_copy``).
+#: it. A CPU device's shards are host memory already (see :func:`views_hold_buffers`).
 PINNED_PLATFORMS = frozenset({"gpu", "cuda", "rocm", "tpu"})
 
 
@@ -65,7 +78,7 @@ class ShardWrite:
 
     leaf: str
     index: tuple[slice, ...]
-    data: Any  # a numpy array (a single-device jax.Array until the snapshot copied it)
+    data: Any  # a numpy array (a single-device jax.Array until the snapshot took it)
     nbytes: int
     part: int = 0
     parts: int = 1
@@ -165,11 +178,12 @@ def take_snapshot(
     so a host replaced there would fetch every shard that shares a pack with one it
     needs.
 
-    Every shard of a jax array this process writes is copied to host memory before it
-    returns (see the module's description): the arrays may be donated or deleted as
-    soon as it has. The copies made here (on CPU devices, and of NumPy arrays) go into
-    buffers borrowed from ``loan`` (:mod:`nbckpt.engine.save.hostmem`; fresh ones if
-    None).
+    Every shard of a jax array this process writes is copied to host memory, or on a
+    CPU device held there, before it returns (see the module's description): the
+    arrays may be donated or deleted as soon as it has. The copies made here (of NumPy
+    arrays, of offloaded shards, and on CPU devices where a view would not hold the
+    buffer) go into buffers borrowed from ``loan`` (:mod:`nbckpt.engine.save.hostmem`;
+    fresh ones if None).
 
     Raises
     ------
@@ -205,19 +219,23 @@ def take_snapshot(
 
 
 def _host_copy(w: ShardWrite, shape: list[int], chunks: list[int], loan: Loan) -> np.ndarray:
-    """Return a host copy of ``w``'s shard that no later use of the array can change.
+    """Return host memory holding ``w``'s shard that no later use of the array can change.
 
-    On a CPU device ``np.asarray`` is a view of the device buffer, which a donation
-    hands to the next computation: the chunks this process writes are copied out of it
-    (of a shard split among its replicas, only this replica's share; the rest of the
-    copy is never touched, so it takes no memory). Elsewhere it is the host copy that
+    On a CPU device ``np.asarray`` is a view of the device buffer, which the view keeps
+    from any donation (:func:`views_hold_buffers`): the view itself. Where XLA would
+    donate it anyway, the chunks this process writes are copied out of it (of a shard
+    split among its replicas, only this replica's share; the rest of the copy is never
+    touched, so it takes no memory). Elsewhere it is the host copy that
     ``copy_to_host_async`` made, which the array's deletion leaves alone.
     """
     data = w.data
     pinned = getattr(data.sharding, "memory_kind", None) == PINNED
-    if pinned or not all(d.platform == "cpu" for d in data.devices()):
+    devices = data.devices()
+    if pinned or not all(d.platform == "cpu" for d in devices):
         return np.asarray(data)  # waits for the copy; a pinned one is read in place
     view = np.asarray(data)
+    if all(views_hold_buffers(d) for d in devices):
+        return view
     if w.parts == 1:
         return loan.copy_of(view)
     # Only this replica's chunks are copied: the rest of a fresh array takes no memory
@@ -227,6 +245,34 @@ def _host_copy(w: ShardWrite, shape: list[int], chunks: list[int], loan: Loan) -
         if i % w.parts == w.part:
             out[local] = view[local]
     return out
+
+
+@functools.cache
+def views_hold_buffers(device: jax.Device) -> bool:
+    """Whether a host view of an array on CPU ``device`` keeps its buffer from donation.
+
+    Tried once per device: a small array with a view of it is donated to a jitted
+    call, which must leave the array alive and the view's values as they were. XLA's
+    CPU client does (it does not donate a buffer that something outside it refers
+    to); a version that did not would make the snapshot copy the shards again.
+    """
+    if device.platform != "cpu":
+        return False
+    want = np.arange(_PROBE_ITEMS, dtype=np.float32)
+    array = jax.device_put(want, device)
+    view = np.asarray(array)
+    try:
+        _negate_donated(array).block_until_ready()
+    except Exception:  # a client that refuses the donation outright holds the buffer too
+        return np.array_equal(view, want)
+    return not array.is_deleted() and np.array_equal(view, want)
+
+
+#: The probe's array: large enough that XLA gives it a buffer of its own.
+_PROBE_ITEMS = 1 << 12
+
+#: The probe's call, which would write its result into the donated buffer.
+_negate_donated = jax.jit(lambda a: -a, donate_argnums=0)
 
 
 @functools.cache
@@ -254,7 +300,7 @@ def _start_host_copy(data: jax.Array, device: jax.Device, loan: Loan) -> jax.Arr
     of pinned memory), ``copy_to_host_async``'s copy, as everywhere else. A shard of
     an accelerator's array that lives in host memory already (offloaded) is copied at
     once: a transfer to the memory it is in may hand back the same buffer. A CPU
-    device's shard is host memory already: :func:`_host_copy` copies it.
+    device's shard is host memory already: :func:`_host_copy` holds it.
     """
     if _offloaded(data, device):
         return loan.copy_of(np.asarray(data))

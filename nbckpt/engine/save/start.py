@@ -57,8 +57,8 @@ def start_save(
     checkpointer's defaults; ``t_requested``, when the call came (now if None). The
     returned job has not started. With a local ``tier``, the step goes to every host's
     local directory, and to the root too when ``persistent`` (None: when the tier's
-    ``persistent_every`` says so). The snapshot copies into ``buffers`` (the
-    checkpointer's, kept from one save to the next; fresh ones if None).
+    ``persistent_every`` says so). What the snapshot copies goes into ``buffers``
+    (the checkpointer's, kept from one save to the next; fresh ones if None).
 
     Raises
     ------
