@@ -37,12 +37,16 @@ class ArrayFormat(Protocol):
     pack_bytes
         Leaves whose shards are each of at most this many bytes are packed
         (:mod:`nbckpt.formats.packs`); 0 packs none.
+    finishes_alone
+        Whether :meth:`finish` needs nothing the other processes write: the primary
+        then runs it while they still write, and only makes its files durable after.
     """
 
     name: SaveFormat
     arrays: str | None
     flags: OrbaxFlags
     pack_bytes: int
+    finishes_alone: bool
 
     def create(self, work: Location, snap: Snapshot, process: int) -> None:
         """Primary only, before anyone writes: what the writers need to exist."""
@@ -84,6 +88,8 @@ class Zarr2Arrays:
     name: SaveFormat = NBCKPT_FORMAT
     arrays: str | None = None
     flags = OrbaxFlags(use_ocdbt=False, use_zarr3=False)
+    #: The ``.zarray`` files come from the snapshot's metadata alone.
+    finishes_alone = True
 
     def __init__(self, pack_bytes: int = DEFAULT_PACK_BYTES) -> None:
         self.pack_bytes = pack_bytes
@@ -116,8 +122,9 @@ class Zarr2Arrays:
     def finish(self, work: Location, snap: Snapshot) -> list[Location]:
         """Write every array's ``.zarray`` (not fsync'd: the save's last batch does it).
 
-        Written last, not first, so that no process waits for them before it writes:
-        the step is unreadable until then anyway, and only published after.
+        Written while the processes write their chunks, not before, so that no process
+        waits for them (writers take the metadata from the snapshot): the step is
+        unreadable until they are made durable with the rest, and only published after.
         """
         return create_arrays(work, snap, sync=False)
 

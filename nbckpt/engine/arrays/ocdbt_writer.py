@@ -162,6 +162,8 @@ class OcdbtZarr3Arrays:
 
     name: SaveFormat = ORBAX_FORMAT
     arrays: str | None = ORBAX_ARRAYS
+    #: The merge reads every process's database: only once all of them are written.
+    finishes_alone = False
     flags = OrbaxFlags(use_ocdbt=True, use_zarr3=True)
     pack_bytes = 0  # Orbax reads every leaf from the databases
 

@@ -13,19 +13,21 @@ import json
 import os
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from nbckpt.engine import hooks
 from nbckpt.engine.arrays.array_format import ArrayFormat, Zarr2Arrays
+from nbckpt.engine.pools import LazyPool
 from nbckpt.engine.save.advice import reason
 from nbckpt.engine.save.commit import CommitStrategy
 from nbckpt.engine.save.hostmem import Loan
-from nbckpt.engine.save.metadata import write_metadata
+from nbckpt.engine.save.metadata import MetadataDraft, draft_metadata, seal_metadata
 from nbckpt.engine.save.prune import apply_retention
 from nbckpt.engine.save.snapshot import Snapshot
+from nbckpt.engine.save.writer import SETTLE_TIMEOUT_S
 from nbckpt.engine.sync.barriers import Synchronizer
 from nbckpt.engine.tiers.local import LocalTier
 from nbckpt.engine.tiers.local_save import save_local
@@ -60,6 +62,9 @@ from nbckpt.protocol import (
 from nbckpt.storage import Location, ObjectPath
 
 __all__ = ["SaveJob", "cut_off", "fail", "failures"]
+
+#: Where the primary prepares its finalize while its own shards are written.
+_finalizing = LazyPool(1, "nbckpt-finalize")
 
 
 def committed_by(final: Location, op: str) -> bool:
@@ -250,16 +255,28 @@ class SaveJob:
         self._barrier(Barrier.TMP_READY)
         self.journal.emit(Event.TMP_READY)
         enter(Phase.WRITE)
-        self._write(work)
-        enter(barrier_phase(Barrier.WRITE_COMPLETE))
-        self._barrier(Barrier.WRITE_COMPLETE)
+        ahead: Future[tuple[list[Location], MetadataDraft]] | None = None
+        if is_primary and self.arrays.finishes_alone:
+            # Its metadata rendered and its arrays' records written (not yet durable)
+            # while the shards are: a few ms a save off the primary's finalize.
+            ahead = _finalizing.get().submit(self._prepare_finalize, work)
+        try:
+            self._write(work)
+            enter(barrier_phase(Barrier.WRITE_COMPLETE))
+            self._barrier(Barrier.WRITE_COMPLETE)
+        except BaseException:
+            if ahead is not None:
+                # It writes into the working directory: it must not outlive the save,
+                # whose step a retry may claim again (its own error is this one's).
+                wait([ahead], timeout=SETTLE_TIMEOUT_S)
+            raise
         self.written_everywhere = True
         if is_primary:
             enter(Phase.FINALIZE)
             self.journal.emit(Event.FINALIZE_STARTED)
             self._check_still_ours(work)
-            unsynced = self.arrays.finish(work, self.snap)
-            write_metadata(self, work, unsynced)
+            unsynced, draft = self._prepare_finalize(work) if ahead is None else ahead.result()
+            seal_metadata(draft, work, unsynced)
             self.strategy.finalize(self.root, self.step, self.op, force=self.force)
             self._decide(Event.COMMITTED)
             self.journal.emit(Event.FINALIZED)
@@ -269,6 +286,10 @@ class SaveJob:
         if is_primary and self.retention.limits:
             self.phase = Phase.RETENTION
             apply_retention(self.root, self.retention, keep=self.step)
+
+    def _prepare_finalize(self, work: Location) -> tuple[list[Location], MetadataDraft]:
+        """Primary only: the arrays' own records (not durable yet) and the metadata."""
+        return self.arrays.finish(work, self.snap), draft_metadata(self)
 
     def _barrier(self, name: str) -> None:
         self.journal.emit(Event.BARRIER_ENTER, name=name)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import functools
 import os
 from pathlib import Path
 from typing import Any, Protocol
@@ -97,11 +98,16 @@ _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
 
 
+@functools.cache
+def _libc() -> Any:
+    """The C library, looked up once: ``find_library`` runs ``ldconfig`` (2 ms a commit)."""
+    name = ctypes.util.find_library("c")
+    return ctypes.CDLL(name, use_errno=True) if name else None
+
+
 def _renameat2(a: Path, b: Path, flags: int) -> bool:
     """``renameat2(a, b, flags)`` (Linux); False where the system cannot do it."""
-    name = ctypes.util.find_library("c")
-    libc: Any = ctypes.CDLL(name, use_errno=True) if name else None
-    fn = getattr(libc, "renameat2", None)
+    fn = getattr(_libc(), "renameat2", None)
     if fn is None:
         return False
     rc = fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), flags)
