@@ -296,7 +296,8 @@ def nb_save(
     ``format`` and ``pack_bytes`` are the save options (None: nbckpt's own layout,
     small leaves packed; ``"orbax"``: Orbax's; ``pack_bytes=0``: no leaf packed).
     ``steady``: save with the checkpointer kept for ``root`` since an earlier call
-    (as a training loop does; its host buffers are reused); otherwise a new one.
+    (as a training loop does; its staging buffers and any host copies are reused);
+    otherwise a new one.
     The peak memory counts the buffers the checkpointer kept from its last save.
     """
     from nbckpt.engine import AsyncCheckpointer

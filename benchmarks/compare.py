@@ -493,8 +493,8 @@ def main(argv: list[str] | None = None) -> int:
         "defaults: OCDBT, zstd, fsync). Every timed call starts at a barrier of the "
         "processes, as the limit's do. After each run its files are "
         "deleted and `sync`ed. nbckpt and Orbax each save with one checkpointer per "
-        "process kept over the repetitions, as a training loop does (nbckpt reuses the "
-        "host buffers of its last save). The page cache is dropped "
+        "process kept over the repetitions, as a training loop does (nbckpt keeps its "
+        "staging buffers, and any host copies, from its last save). The page cache is dropped "
         f"(`{drop_cache.__module__}.drop_cache`) before every read. Figures are medians "
         "over repetitions of the slowest process.",
         "",

@@ -16,9 +16,9 @@ until the save lets go of them; a deleted array's buffer lives on in the view. S
 blocking part of a save on CPU is its agreement and its bookkeeping, and the one copy
 a write needs is made while writing (:mod:`.direct`). Measured on the 2-core test
 machine (4 processes, ``benchmarks/compare.py``'s states, A/B against copying, 4
-groups of 5-6 saves each way): the ``small`` 256 MiB state blocked 28 ms against 54
-and was durable in 193 ms against 229; the 1 GiB ``transformer`` 32 ms against 124 and
-640 ms against 704. That XLA keeps such a buffer is checked once per process
+groups of 5-6 saves each way): the ``transformer`` state at 256 MiB blocked 29 ms
+against 56 and was durable in 196 ms against 224; at 1 GiB 30 ms against 134 and
+661 ms against 781. That XLA keeps such a buffer is checked once per process
 (:func:`views_hold_buffers`); where it would not, the shard is copied as before.
 
 NumPy arrays can be mutated by the caller, so the process that writes them copies
