@@ -111,6 +111,7 @@ def test_cpu_arrays_are_held_in_place_through_donation_and_deletion(tmp_path: Pa
     from nbckpt.engine.save import snapshot
 
     assert snapshot.views_hold_buffers(jax.devices()[0])  # what this XLA does
+    assert snapshot._probed == [True]  # asked once a process, whichever device
     state = _state(6)
     want = {k: np.array(v) for k, v in state.items()}
     step_fn = jax.jit(lambda s: jax.tree.map(lambda a: a * 0 - 1, s), donate_argnums=0)

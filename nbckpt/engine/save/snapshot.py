@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -247,17 +248,26 @@ def _host_copy(w: ShardWrite, shape: list[int], chunks: list[int], loan: Loan) -
     return out
 
 
-@functools.cache
 def views_hold_buffers(device: jax.Device) -> bool:
     """Whether a host view of an array on CPU ``device`` keeps its buffer from donation.
 
-    Tried once per device: a small array with a view of it is donated to a jitted
-    call, which must leave the array alive and the view's values as they were. XLA's
-    CPU client does (it does not donate a buffer that something outside it refers
-    to); a version that did not would make the snapshot copy the shards again.
+    Tried once per process (what XLA's CPU client does, not a device's property): a
+    small array with a view of it is donated to a jitted call, which must leave the
+    array alive and the view's values as they were. XLA's CPU client does (it does not
+    donate a buffer that something outside it refers to); a version that did not would
+    make the snapshot copy the shards again. The first save pays for one small
+    compilation.
     """
     if device.platform != "cpu":
         return False
+    with _probe_lock:
+        if _probed:
+            return _probed[0]
+        _probed.append(_probe(device))
+        return _probed[0]
+
+
+def _probe(device: jax.Device) -> bool:
     want = np.arange(_PROBE_ITEMS, dtype=np.float32)
     array = jax.device_put(want, device)
     view = np.asarray(array)
@@ -267,6 +277,10 @@ def views_hold_buffers(device: jax.Device) -> bool:
         return np.array_equal(view, want)
     return not array.is_deleted() and np.array_equal(view, want)
 
+
+#: The probe's answer, once it ran (see :func:`views_hold_buffers`).
+_probed: list[bool] = []
+_probe_lock = threading.Lock()
 
 #: The probe's array: large enough that XLA gives it a buffer of its own.
 _PROBE_ITEMS = 1 << 12
