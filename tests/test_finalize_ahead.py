@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -21,9 +22,12 @@ from nbckpt.formats.layout import is_complete, step_dir, tmp_dir
 from nbckpt.formats.records import METADATA_FILE
 from nbckpt.protocol import Barrier, Phase, barrier_phase
 
+#: 8 MiB: above the packing bound, so "w" is an array of its own, with a .zarray.
+N = 1 << 21
+
 
 def _state() -> dict[str, Any]:
-    return {"w": jnp.arange(2 << 18, dtype=jnp.float32), "b": jnp.ones(8, jnp.float32), "n": 3}
+    return {"w": jnp.arange(N, dtype=jnp.float32), "b": jnp.ones(8, jnp.float32), "n": 3}
 
 
 def test_the_primary_renders_its_metadata_while_the_shards_are_written(
@@ -33,9 +37,9 @@ def test_the_primary_renders_its_metadata_while_the_shards_are_written(
     ahead: list[bool] = []
     real = SaveJob._prepare_finalize
 
-    def spy(self: SaveJob, work: Any) -> Any:
+    def spy(self: SaveJob, work: Any, **kw: Any) -> Any:
         ahead.append(threading.current_thread().name.startswith("nbckpt-finalize"))
-        return real(self, work)
+        return real(self, work, **kw)
 
     monkeypatch.setattr(SaveJob, "_prepare_finalize", spy)
     for fmt in ("nbckpt", "orbax"):
@@ -46,7 +50,7 @@ def test_the_primary_renders_its_metadata_while_the_shards_are_written(
             out = ck.restore(1)
         step = step_dir(tmp_path / fmt, 1)
         assert verify_step(step) == []
-        assert np.array_equal(np.asarray(out["w"]), np.arange(2 << 18, dtype=np.float32))
+        assert np.array_equal(np.asarray(out["w"]), np.arange(N, dtype=np.float32))
         meta = json.loads((step / METADATA_FILE).read_text())
         # Stamped when it was written, after the render: every field is there once.
         assert meta["step"] == 1 and meta["time_requested"] <= meta["time_finalized"]
@@ -62,11 +66,11 @@ def test_a_save_that_fails_meanwhile_returns_only_once_the_render_ended(
     ended: list[float] = []
     real = SaveJob._prepare_finalize
 
-    def slow(self: SaveJob, work: Any) -> Any:
+    def slow(self: SaveJob, work: Any, **kw: Any) -> Any:
         failing.wait(30)
         time.sleep(0.3)  # still writing the arrays' records when the save fails
         try:
-            return real(self, work)
+            return real(self, work, **kw)
         finally:
             ended.append(time.monotonic())
 
@@ -92,7 +96,7 @@ def test_a_save_that_fails_meanwhile_returns_only_once_the_render_ended(
 def test_a_render_that_fails_fails_the_save_before_its_commit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def full(self: SaveJob, work: Any) -> Any:
+    def full(self: SaveJob, work: Any, **kw: Any) -> Any:
         raise OSError(errno.ENOSPC, "No space left on device")
 
     with AsyncCheckpointer(tmp_path, timeout_s=30) as ck:
@@ -105,3 +109,17 @@ def test_a_render_that_fails_fails_the_save_before_its_commit(
     assert err.value.phase == Phase.FINALIZE
     assert is_complete(step_dir(tmp_path, 1)) and not is_complete(step_dir(tmp_path, 2))
     assert not (tmp_dir(tmp_path, 2) / METADATA_FILE).exists()
+
+
+def test_a_working_directory_removed_under_the_save_is_not_brought_back(tmp_path: Path) -> None:
+    """The records are not written into a directory that is no longer the save's."""
+    root = tmp_path / "ckpt"
+    hooks.set_hook("write", lambda _p: shutil.rmtree(tmp_dir(root, 1)))
+    try:
+        with AsyncCheckpointer(root, timeout_s=30) as ck:
+            ck.save(1, _state())
+            with pytest.raises(CheckpointError, match="vanished during the save"):
+                ck.wait_until_finished()
+    finally:
+        hooks.clear_hooks()
+    assert not tmp_dir(root, 1).exists() and not is_complete(step_dir(root, 1))

@@ -259,7 +259,7 @@ class SaveJob:
         if is_primary and self.arrays.finishes_alone:
             # Its metadata rendered and its arrays' records written (not yet durable)
             # while the shards are: a few ms a save off the primary's finalize.
-            ahead = _finalizing.get().submit(self._prepare_finalize, work)
+            ahead = _finalizing.get().submit(self._prepare_finalize, work, check=True)
         try:
             self._write(work)
             enter(barrier_phase(Barrier.WRITE_COMPLETE))
@@ -287,8 +287,16 @@ class SaveJob:
             self.phase = Phase.RETENTION
             apply_retention(self.root, self.retention, keep=self.step)
 
-    def _prepare_finalize(self, work: Location) -> tuple[list[Location], MetadataDraft]:
-        """Primary only: the arrays' own records (not durable yet) and the metadata."""
+    def _prepare_finalize(
+        self, work: Location, *, check: bool = False
+    ) -> tuple[list[Location], MetadataDraft]:
+        """Primary only: the arrays' own records (not durable yet) and the metadata.
+
+        With ``check``, first make sure the working directory is still this save's:
+        writing the records would otherwise bring back one removed under the save.
+        """
+        if check:
+            self._check_still_ours(work)
         return self.arrays.finish(work, self.snap), draft_metadata(self)
 
     def _barrier(self, name: str) -> None:
