@@ -60,8 +60,8 @@ class CheckpointSaver(CheckpointReader):
         The snapshot keeps every shard this process writes safe from what comes
         next (a host copy; on CPU devices the shard's own buffer, held so that XLA
         does not donate it), so the arrays may be donated, deleted or changed as
-        soon as this returns. ``None`` and empty
-        containers are recorded with the tree, so positions never shift.
+        soon as this returns. ``None`` and empty containers are recorded with the
+        tree, so positions never shift.
 
         Parameters
         ----------

@@ -114,7 +114,9 @@ class NbckptMagics(InspectionMagics, TierMagics):
         ``--quiet``, a widget shows each process's phase, bytes written, barriers and
         commit, updated by itself from the journal (text bars without widgets).
 
-        The snapshot is a copy: the engines may donate the saved arrays right after.
+        The snapshot keeps what it saves safe (a host copy; on CPU, the arrays' own
+        buffers, which XLA then does not donate): the engines may donate the saved
+        arrays right after.
         Every engine must save the same tree with the same options, or nothing is
         written. A step another save is writing is refused, naming it; so is a step
         older than the newest one (``%ckpt_rollback STEP`` first). With a local tier
