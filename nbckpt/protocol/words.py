@@ -36,6 +36,7 @@ __all__ = [
     "END_STATUS",
     "END_STATUSES",
     "FORMATS",
+    "HOST_BARRIER_ENV",
     "MODES",
     "NBCKPT_FORMAT",
     "ORBAX_FORMAT",
@@ -313,6 +314,9 @@ ORBAX_FORMAT: Final[SaveFormat] = "orbax"
 DIR_ENV: Final = "NBCKPT_DIR"
 #: The name the same root has in the engines' namespace, for ``%%px`` cells.
 DIR_NAME: Final = "CKPT_DIR"
+#: Set to ``0`` in a process's environment, its barriers meet at the coordination
+#: service only, never at its host's hub (:mod:`nbckpt.engine.sync.hostbarrier`).
+HOST_BARRIER_ENV: Final = "NBCKPT_HOST_BARRIER"
 
 DEFAULT_SAVE_TIMEOUT_S: Final = 300.0
 DEFAULT_BARRIER_TIMEOUT_S: Final = 60.0

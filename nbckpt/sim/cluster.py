@@ -28,6 +28,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
+from nbckpt.protocol import HOST_BARRIER_ENV
+
 __all__ = ["BarrierTiming", "SaveOutcome", "Simulation"]
 
 #: Seconds between sending a timed command and its start: every thread is waiting by then.
@@ -144,6 +146,9 @@ class Simulation:
             "host_service": first == 0,
         }
         env = {**os.environ, "NBCKPT_SIM_AUTHKEY": self._authkey.hex()}
+        # The simulated processes stand for processes on many hosts: their barriers
+        # meet at the service, as a job's across hosts do, not at one host's hub.
+        env[HOST_BARRIER_ENV] = "0"
         with open(self._logs / f"worker_{first}.log", "wb") as log:
             self._procs.append(
                 subprocess.Popen(

@@ -100,11 +100,13 @@ def decision_of(answers: Mapping[int, Mapping[str, Any]], primary: int) -> dict[
     """What the primary publishes once it has read every process's preflight answer.
 
     ``answers`` are the processes' answers (``problem``, ``host``, and ``plan`` as a
-    digest, ``tier``; the primary's also ``op`` and ``step``). The decision carries the
-    operation id and step, where each process runs (each host named once), the local
-    tiers' posts, the processes grouped by plan digest (empty unless every process
-    posted one), and the first problem found, in process order, as ``[process,
-    problem]``.
+    digest, ``tier``, ``local`` (:func:`~nbckpt.engine.sync.hostbarrier.host_key`); the
+    primary's also ``op``, ``step`` and ``hub``). The decision carries the operation id
+    and step, where each process runs (each host named once), the local tiers' posts,
+    the processes grouped by plan digest (empty unless every process posted one), the
+    first problem found, in process order, as ``[process, problem]``, and the host
+    barrier's hub (:mod:`~nbckpt.engine.sync.hostbarrier`): the primary's, if every
+    process posted the same ``local``, else None.
     """
     order = sorted(answers)
     names = sorted({str(a["host"]) for a in answers.values() if a.get("host")})
@@ -114,6 +116,9 @@ def decision_of(answers: Mapping[int, Mapping[str, Any]], primary: int) -> dict[
         if answers[p].get("plan"):
             groups.setdefault(str(answers[p]["plan"]), []).append(p)
     problem = next(([p, answers[p]["problem"]] for p in order if answers[p].get("problem")), None)
+    # The host barrier's hub, only where every process runs where the primary does.
+    where = {answers[p].get("local") for p in order}
+    hub = answers[primary].get("hub") if len(where) == 1 and None not in where else None
     return {
         "op": answers[primary]["op"],
         "step": answers[primary].get("step"),
@@ -125,4 +130,5 @@ def decision_of(answers: Mapping[int, Mapping[str, Any]], primary: int) -> dict[
         },
         "plans": groups if sum(map(len, groups.values())) == len(order) else {},
         "problem": problem,
+        "hub": hub,
     }

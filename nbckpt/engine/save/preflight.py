@@ -26,6 +26,7 @@ from nbckpt.engine.save.advice import reason
 from nbckpt.engine.save.agreement import decision_of, disagreement, plan_digest
 from nbckpt.engine.save.commit import CommitStrategy
 from nbckpt.engine.save.prune import records
+from nbckpt.engine.sync import hostbarrier
 from nbckpt.engine.sync.barriers import Synchronizer, next_sequence
 from nbckpt.errors import (
     CommitRefusedError,
@@ -201,7 +202,11 @@ class Preflight:
         problem = self._problem(kind, step, local, strategy, force, op, missing_ok)
         # The host rides along, so that every process knows, alike, which ones share a
         # host (a restore plans its reads of replicated leaves by it).
-        mine: dict[str, Any] = {"problem": problem, "host": socket.gethostname()}
+        mine: dict[str, Any] = {
+            "problem": problem,
+            "host": socket.gethostname(),
+            "local": hostbarrier.host_key() or None,
+        }
         if plan is not None and local is None:
             mine["plan"] = plan_digest(plan)
         if extra is not None:
@@ -212,6 +217,7 @@ class Preflight:
                 op = new_op_id(kind, step if step is not None else 0)
             mine["op"] = op
             mine["step"] = step
+            mine["hub"] = hostbarrier.listen()
         try:
             decision = self._decide(seq, mine, timeout_s)
         except BaseException:
@@ -223,6 +229,8 @@ class Preflight:
                 self.sync.cleanup(stale)
             self._stale_keys.clear()
         self._stale_keys.append(seq)
+        # Every process reads the same decision: they meet at the hub, or none does.
+        hostbarrier.join(decision.get("hub"), me, self.sync.process_count, self.primary)
         names = decision["hosts"]
         self.hosts = {
             p: names[i]
