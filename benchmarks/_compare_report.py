@@ -321,6 +321,12 @@ def report(
         f"| {spread(nb_runs, wab_runs)} | {spread(kv_runs, wab_runs)} |"
     )
     lines.append("")
+    lines.append(
+        "The processes share one host, and have saved before: nbckpt's barrier meets at "
+        "the host's hub (a Unix socket to the primary, `nbckpt.engine.sync.hostbarrier`), "
+        "not at the service; `NBCKPT_HOST_BARRIER=0` keeps it at the service."
+    )
+    lines.append("")
     jo_pct = float("nan")
     if journal is not None:
         on, off, tailed = med(journal.on), med(journal.off), med(journal.tailed)
