@@ -48,7 +48,7 @@ def four() -> Iterator[list[HostBarrier]]:
         member.close()
 
 
-def _all_wait(group: list[HostBarrier], key: str, skip: set[int] = frozenset()) -> list[bool]:  # type: ignore[assignment]
+def _all_wait(group: list[HostBarrier], key: str, skip: frozenset[int] = frozenset()) -> list[bool]:
     deadline = time.monotonic() + 30
     with ThreadPoolExecutor(len(group)) as pool:
         futures = {
@@ -70,7 +70,7 @@ def test_one_missing_sends_everyone_on_to_the_slow_phase_together(
     four: list[HostBarrier], quick_leave: None
 ) -> None:
     t0 = time.monotonic()
-    assert _all_wait(four, "gone", skip={3}) == [False] * 3
+    assert _all_wait(four, "gone", skip=frozenset({3})) == [False] * 3
     # The hub gave its word when its fast phase ended, not at the barrier's deadline.
     assert time.monotonic() - t0 < 10
     # The one that comes late hears the same word at once.
@@ -83,7 +83,7 @@ def test_a_link_that_waits_for_a_hub_that_never_comes_leaves_and_the_hub_agrees(
     four: list[HostBarrier], quick_leave: None
 ) -> None:
     # The hub is not in the barrier: its reader answers the goodbyes with S.
-    assert _all_wait(four, "nohub", skip={0}) == [False] * 3
+    assert _all_wait(four, "nohub", skip=frozenset({0})) == [False] * 3
     # The hub, coming later, goes on to the slow phase too: none passed.
     assert four[0].wait("nohub", FAST_S, time.monotonic() + 30) is False
 

@@ -196,9 +196,7 @@ class HostBarrier:
             return None
         self._arrived.pop(key, None)
         self._left.discard(key)
-        self._words[key] = word
-        while len(self._words) > _KEPT:
-            self._words.popitem(last=False)
+        self._keep(key, word)
         for link in self._links:
             if link.peer >= 0 and not link.closed:
                 link.send(word, key)
@@ -298,9 +296,13 @@ class HostBarrier:
                 until = deadline if said_left else leave_at
                 lines = link.read() if link.ready(min(_SLICE_S, until - now)) else []
                 for w, k in lines or ():
-                    self._words[k] = w  # P or S, from the hub
-                while len(self._words) > _KEPT:
-                    self._words.popitem(last=False)
+                    self._keep(k, w)  # P or S, from the hub
+
+    def _keep(self, key: str, word: str) -> None:
+        """Record ``key``'s word, forgetting the oldest past :data:`_KEPT`."""
+        self._words[key] = word
+        while len(self._words) > _KEPT:
+            self._words.popitem(last=False)
 
     def close(self) -> None:
         """Close its links (the peers go on to the slow phase); the hub keeps listening."""
