@@ -17,7 +17,7 @@ from nbckpt.engine import AsyncCheckpointer
 from nbckpt.engine.arrays.zarr import chunk_shape, open_array
 from nbckpt.engine.restore import chunkfiles
 from nbckpt.engine.restore.reads import aligned_empty
-from nbckpt.engine.save import snapshot
+from nbckpt.engine.save import leafplan, snapshot
 from nbckpt.formats import checksum
 
 
@@ -129,7 +129,10 @@ def test_a_missing_or_wrong_sized_chunk_file_is_read_by_tensorstore(tmp_path):
 
 
 def test_a_restore_reads_its_chunks_from_the_files(tmp_path, monkeypatch):
-    monkeypatch.setattr(snapshot, "chunk_shape", functools.partial(chunk_shape, max_bytes=256))
+    small = functools.partial(chunk_shape, max_bytes=256)
+    monkeypatch.setattr(snapshot, "chunk_shape", small)  # NumPy leaves'
+    monkeypatch.setattr(leafplan, "chunk_shape", small)  # jax leaves'
+    monkeypatch.setattr(leafplan, "_PLANS", {})  # none planned with other chunks
     reads: list[Path] = []
     real = chunkfiles._read_file
     monkeypatch.setattr(

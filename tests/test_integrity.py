@@ -14,7 +14,7 @@ import pytest
 from nbckpt.engine import AsyncCheckpointer, hooks
 from nbckpt.engine.arrays.zarr import chunk_shape
 from nbckpt.engine.restore.step import restore_step
-from nbckpt.engine.save import snapshot
+from nbckpt.engine.save import leafplan, snapshot
 from nbckpt.errors import CorruptCheckpointError
 from nbckpt.formats import checksum
 from nbckpt.formats.fsck import verify_step
@@ -33,7 +33,10 @@ def _no_hooks():
 @pytest.fixture
 def small_chunks(monkeypatch):
     """Chunks of at most 256 bytes, so that every array leaf has several."""
-    monkeypatch.setattr(snapshot, "chunk_shape", functools.partial(chunk_shape, max_bytes=256))
+    small = functools.partial(chunk_shape, max_bytes=256)
+    monkeypatch.setattr(snapshot, "chunk_shape", small)  # NumPy leaves'
+    monkeypatch.setattr(leafplan, "chunk_shape", small)  # jax leaves'
+    monkeypatch.setattr(leafplan, "_PLANS", {})  # none planned with other chunks
 
 
 def _state():
@@ -255,13 +258,15 @@ def reshard_task(root: str, flip: bool) -> str:
     mesh = Mesh(np.array(jax.devices()), ("x",))
     value = np.arange(8 * 6, dtype=np.float32).reshape(8, 6)
     rows = jax.device_put(value, NamedSharding(mesh, P("x", None)))
-    snapshot.chunk_shape = functools.partial(chunk_shape, max_bytes=48)  # 2-row chunks
+    leafplan.chunk_shape = functools.partial(chunk_shape, max_bytes=48)  # 2-row chunks
+    leafplan._PLANS.clear()
     try:
         ck = AsyncCheckpointer(root, pack_bytes=0)  # its chunk files are damaged below
         ck.save(1, {"v": rows})
         ck.wait_until_finished()
     finally:
-        snapshot.chunk_shape = chunk_shape
+        leafplan.chunk_shape = chunk_shape
+        leafplan._PLANS.clear()
     if flip:
         _flip(Path(root) / "1" / "v" / "3.0")
     cols = NamedSharding(mesh, P(None, "x"))

@@ -309,17 +309,19 @@ def reshard_packed(root: str) -> list[str]:
 
     from nbckpt.engine.arrays.zarr import chunk_shape
     from nbckpt.engine.restore.step import restore_step
-    from nbckpt.engine.save import snapshot
+    from nbckpt.engine.save import leafplan
 
     mesh = Mesh(np.array(jax.devices()), ("x",))
     value = np.arange(8 * 6, dtype=np.float32).reshape(8, 6)
-    snapshot.chunk_shape = functools.partial(chunk_shape, max_bytes=48)
+    leafplan.chunk_shape = functools.partial(chunk_shape, max_bytes=48)
+    leafplan._PLANS.clear()
     try:
         ck = AsyncCheckpointer(root)
         ck.save(1, {"v": jax.device_put(value, NamedSharding(mesh, P("x", None)))})
         ck.wait_until_finished()
     finally:
-        snapshot.chunk_shape = chunk_shape
+        leafplan.chunk_shape = chunk_shape
+        leafplan._PLANS.clear()
     problems = []
     if not (Path(root) / "1" / PACK_DIR).is_dir():
         problems.append("not packed")

@@ -15,6 +15,7 @@ its whole plan, to say what differs.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
@@ -40,9 +41,15 @@ def _describe(leaf: Leaf) -> str:
     shape = getattr(value, "shape", None)
     shape = np.shape(value) if shape is None else shape
     dtype = getattr(value, "dtype", None)
-    name = dtype_name(dtype if dtype is not None else np.asarray(value).dtype)
+    dtype = dtype if dtype is not None else np.asarray(value).dtype
     impl = getattr(leaf, "key_impl", None)  # a typed PRNG key: its implementation too
-    return f"{name}{[int(d) for d in shape]} {leaf.kind}" + (f" key<{impl}>" if impl else "")
+    return _array_text(np.dtype(dtype), tuple(int(d) for d in shape), leaf.kind, impl)
+
+
+@functools.lru_cache(maxsize=4096)
+def _array_text(dtype: np.dtype[Any], shape: tuple[int, ...], kind: str, impl: str | None) -> str:
+    """``float32[8, 4] jax``: made once for each, a state's leaves having a few dozen."""
+    return f"{dtype_name(dtype)}{list(shape)} {kind}" + (f" key<{impl}>" if impl else "")
 
 
 def describe_leaves(leaves: Sequence[Leaf]) -> dict[str, str]:

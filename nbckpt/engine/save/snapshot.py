@@ -28,7 +28,6 @@ them, in native byte order (what the checksums and the stored dtype describe).
 from __future__ import annotations
 
 import functools
-import math
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,8 +36,15 @@ import jax
 import numpy as np
 
 from nbckpt.engine.arrays.tree import EMPTY, Leaf, dtype_name, path_str
-from nbckpt.engine.arrays.zarr import DEFAULT_CHUNK_BYTES, chunk_regions, chunk_shape
+from nbckpt.engine.arrays.zarr import chunk_regions, chunk_shape
 from nbckpt.engine.save.hostmem import HostBuffers, Loan
+from nbckpt.engine.save.leafplan import (
+    SPLIT_MIN_BYTES,
+    describe_sharding,
+    pack_if_small,
+    plan_jax_leaf,
+    replica_count,
+)
 from nbckpt.formats.orbax_write import scalar_array_dtype
 from nbckpt.formats.packs import DEFAULT_PACK_BYTES
 
@@ -60,12 +66,6 @@ PINNED = "pinned_host"
 #: The platforms whose shards are copied to pinned host memory where their device has
 #: it. A CPU device's shards are host memory already (see :func:`views_hold_buffers`).
 PINNED_PLATFORMS = frozenset({"gpu", "cuda", "rocm", "tpu"})
-
-
-#: A shard held by several devices is split among its replicas, each writing some of
-#: its chunks, only if every replica then writes at least this much: smaller leaves
-#: (biases, counters) are not worth more files.
-SPLIT_MIN_BYTES = 1 << 20
 
 
 @dataclass
@@ -103,50 +103,6 @@ class Snapshot:
     def nbytes(self) -> int:
         """Bytes this process will write."""
         return sum(w.nbytes for w in self.writes)
-
-
-def describe_sharding(sharding: Any) -> dict[str, Any]:
-    """Return a JSON-able description of a sharding (enough to rebuild a NamedSharding).
-
-    Equal shardings share one description, which callers must not change: a state's
-    leaves have a few shardings among thousands of leaves.
-    """
-    try:
-        return _described(sharding)
-    except TypeError:  # a sharding that cannot be hashed
-        return _describe_sharding(sharding)
-
-
-def _describe_sharding(sharding: Any) -> dict[str, Any]:
-    if isinstance(sharding, jax.sharding.NamedSharding):
-        mesh = sharding.mesh
-        spec = [list(p) if isinstance(p, tuple) else p for p in sharding.spec]
-        return {
-            "type": "named",
-            "axis_names": [str(a) for a in mesh.axis_names],
-            "mesh_shape": [int(s) for s in mesh.devices.shape],
-            "spec": spec,
-            # Orbax's record of a sharding names the devices and axis types too, so
-            # that a restore without a target puts each shard where it was.
-            "device_ids": np.asarray(mesh.device_ids).tolist(),
-            "axis_types": [getattr(t, "name", str(t)) for t in mesh.axis_types],
-        }
-    if isinstance(sharding, jax.sharding.SingleDeviceSharding):
-        return {"type": "single_device", "device": str(next(iter(sharding.device_set)))}
-    return {"type": type(sharding).__name__}
-
-
-_described = functools.lru_cache(maxsize=256)(_describe_sharding)
-
-
-@functools.lru_cache(maxsize=4096)
-def replica_count(sharding: jax.sharding.Sharding, shape: tuple[int, ...]) -> int:
-    """How many devices hold each shard of an array of ``shape`` under ``sharding``."""
-    boxes = {
-        tuple(sl.indices(d)[:2] for sl, d in zip(index, shape, strict=True))
-        for index in sharding.devices_indices_map(shape).values()
-    }
-    return max(1, len(sharding.device_set) // max(1, len(boxes)))
 
 
 def _scalar_json(value: bool | int | float | complex) -> Any:
@@ -331,46 +287,6 @@ def _start_host_copy(data: jax.Array, device: jax.Device, loan: Loan) -> jax.Arr
     return data
 
 
-#: Per (sharding, global shape): each addressable device's shard index and replica id.
-_PLACES: dict[tuple[Any, tuple[int, ...]], dict[Any, tuple[Any, int]]] = {}
-#: Past this many, :data:`_PLACES` starts over (a state has a few dozen).
-_PLACES_MAX = 4096
-
-
-def _places(sharding: Any, shape: tuple[int, ...], shards: Any) -> dict[Any, tuple[Any, int]]:
-    """Each device's shard index and replica id under ``sharding``, for ``shape``.
-
-    Both depend on the sharding, the shape and the device only, as jax computes them;
-    but each ``Shard`` of ``addressable_shards`` is new, and computes them again behind
-    a lock (2 of a leaf's 20-30 us for thousands of small leaves, one process here).
-    Asked once per sharding and shape, from the first leaf's ``shards``.
-    """
-    key = (sharding, shape)
-    try:
-        known = _PLACES.get(key)
-    except TypeError:  # a sharding that cannot be hashed: asked of the shards
-        return {s.device: (s.index, s.replica_id) for s in shards}
-    if known is None:
-        known = {s.device: (s.index, s.replica_id) for s in shards}
-        if len(_PLACES) >= _PLACES_MAX:
-            _PLACES.clear()
-        _PLACES[key] = known
-    return known
-
-
-def _pack_if_small(
-    meta: dict[str, Any], shard_shape: tuple[int, ...], itemsize: int, pack_bytes: int
-) -> None:
-    """Mark the leaf packed if each of its shards is at most ``pack_bytes``.
-
-    Its shards, not the whole leaf: a file's fixed cost (create, fsync, open) is paid
-    per shard, so a large matrix split into small shards is as costly per byte as a
-    small vector. Every process decides alike, from the global shape and sharding.
-    """
-    if 0 < math.prod(shard_shape) * itemsize <= pack_bytes:
-        meta["packed"] = True
-
-
 def _snapshot_leaf(
     snap: Snapshot,
     leaf: Leaf,
@@ -386,7 +302,22 @@ def _snapshot_leaf(
     position in the tree, the same on every process; ``by_shard`` as
     :func:`take_snapshot`'s ``pack_by_shard``.
     """
-    process, process_count, primary = job
+    if leaf.kind == "jax":
+        value = leaf.value
+        if value.is_deleted():
+            raise ValueError(
+                "it was deleted before the save (donated to a jitted call?); save "
+                "before donating, or donate a copy"
+            )
+        plan = plan_jax_leaf(leaf, job, ordinal, pack_bytes, by_shard)
+        if plan.writes:
+            data = {s.device: s.data for s in value.addressable_shards}
+            for w in plan.writes:
+                taken = _start_host_copy(data[w.device], w.device, loan)
+                snap.writes.append(ShardWrite(leaf.name, w.index, taken, w.nbytes, w.part, w.parts))
+        snap.leaves.append(plan.meta)
+        return
+    process, _, primary = job
     meta: dict[str, Any] = {
         "name": leaf.name,
         "path": [list(p) for p in leaf.path],
@@ -417,59 +348,12 @@ def _snapshot_leaf(
     meta["dtype"] = dtype_name(dtype)
     if leaf.key_impl is not None:
         meta["key_impl"] = leaf.key_impl
-    if leaf.kind == "jax":
-        if value.is_deleted():
-            raise ValueError(
-                "it was deleted before the save (donated to a jitted call?); save "
-                "before donating, or donate a copy"
-            )
-        sharding = value.sharding
-        meta["sharding"] = describe_sharding(sharding)
-        shard_shape = sharding.shard_shape(shape)
-        _pack_if_small(meta, shard_shape if by_shard else shape, dtype.itemsize, pack_bytes)
-        local = process_count > 1 and value.is_fully_addressable
-        # Replicas of one shard split its chunks among them, so a replicated leaf is
-        # written once per job by every process that holds it, not by one alone.
-        parts = 1 if local else replica_count(sharding, shape)
-        shard_bytes = math.prod(shard_shape) * dtype.itemsize
-        writer = 0  # the replica that writes each shard, where one writes it whole
-        if parts > 1 and (meta.get("packed") or shard_bytes < parts * SPLIT_MIN_BYTES):
-            writer, parts = ordinal % parts, 1
-        if parts == 1:
-            chunks = chunk_shape(shard_shape, dtype.itemsize)
-        else:
-            split = min(DEFAULT_CHUNK_BYTES, -(-shard_bytes // parts))
-            chunks = chunk_shape(shard_shape, dtype.itemsize, max_bytes=split)
-        if not local or process == primary:
-            shards = value.addressable_shards
-            places = _places(sharding, shape, shards)
-            for shard in shards:
-                index, replica = places.get(shard.device) or (shard.index, shard.replica_id)
-                ours = replica < parts if parts > 1 else replica == writer
-                if not ours:
-                    continue
-                data = _start_host_copy(shard.data, shard.device, loan)
-                if parts == 1:
-                    nbytes = math.prod(shard.data.shape) * dtype.itemsize
-                else:
-                    nbytes = sum(
-                        math.prod(sl.stop - sl.start for sl in region) * dtype.itemsize
-                        for i, (region, _) in enumerate(chunk_regions(index, shape, chunks))
-                        if i % parts == replica
-                    )
-                part = replica if parts > 1 else 0
-                snap.writes.append(ShardWrite(leaf.name, index, data, nbytes, part, parts))
-        meta["chunks"] = chunks
-        snap.leaves.append(meta)
-        return
-    else:
-        shard_shape = shape
-        meta["sharding"] = None
-        _pack_if_small(meta, shard_shape, dtype.itemsize, pack_bytes)
-        if process == primary:
-            copy = loan.copy_of(np.asarray(value), dtype)
-            snap.writes.append(
-                ShardWrite(leaf.name, tuple(slice(None) for _ in shape), copy, copy.nbytes)
-            )
-    meta["chunks"] = chunk_shape(shard_shape, dtype.itemsize)
+    meta["sharding"] = None
+    pack_if_small(meta, shape, dtype.itemsize, pack_bytes)
+    if process == primary:
+        copy = loan.copy_of(np.asarray(value), dtype)
+        snap.writes.append(
+            ShardWrite(leaf.name, tuple(slice(None) for _ in shape), copy, copy.nbytes)
+        )
+    meta["chunks"] = chunk_shape(shape, dtype.itemsize)
     snap.leaves.append(meta)

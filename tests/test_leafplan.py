@@ -1,0 +1,85 @@
+"""A jax leaf's save plan is worked out once per layout; its data is taken at every save.
+
+The plans are kept between saves (:mod:`nbckpt.engine.save.leafplan`): what could go
+wrong is a plan kept for a leaf whose layout changed (its metadata would then describe
+the old array), or data kept with the plan (a save would then write the old values).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from nbckpt.engine import AsyncCheckpointer
+from nbckpt.engine.arrays.tree import flatten
+from nbckpt.engine.save import leafplan, snapshot
+from nbckpt.errors import CheckpointError
+
+
+def _snap(tree: dict[str, object]) -> snapshot.Snapshot:
+    return snapshot.take_snapshot(flatten(tree), process=0, process_count=1, primary=0)
+
+
+def _written(snap: snapshot.Snapshot) -> np.ndarray:
+    (write,) = snap.writes
+    return np.asarray(write.data)
+
+
+def test_a_leaf_saved_alike_reuses_its_plan_and_writes_its_new_values() -> None:
+    first = _snap({"w": jnp.zeros((8, 4), jnp.float32)})
+    second = _snap({"w": jnp.ones((8, 4), jnp.float32)})
+    assert second.leaves[0] is first.leaves[0]  # planned once
+    np.testing.assert_array_equal(_written(second), np.ones((8, 4), np.float32))
+    np.testing.assert_array_equal(_written(first), np.zeros((8, 4), np.float32))
+
+
+def test_a_leaf_whose_layout_changed_is_planned_anew() -> None:
+    before = _snap({"w": jnp.zeros((8, 4), jnp.float32)}).leaves[0]
+    changed = {
+        "dtype": {"w": jnp.zeros((8, 4), jnp.bfloat16)},
+        "shape": {"w": jnp.zeros((4, 8), jnp.float32)},
+        "path": {"v": {"w": jnp.zeros((8, 4), jnp.float32)}},
+        "position": {"a": jnp.zeros(2), "w": jnp.zeros((8, 4), jnp.float32)},
+    }
+    for what, tree in changed.items():
+        after = _snap(tree).leaves[-1]
+        assert after is not before, what
+    assert _snap(changed["dtype"]).leaves[0]["dtype"] == "bfloat16"
+    assert _snap(changed["shape"]).leaves[0]["shape"] == [4, 8]
+    assert _snap(changed["path"]).leaves[0]["path"] == [["key", "v"], ["key", "w"]]
+    # Another packing option is another plan: the leaf is no longer packed.
+    flat = flatten({"w": jnp.zeros((8, 4), jnp.float32)})
+    unpacked = snapshot.take_snapshot(flat, process=0, process_count=1, primary=0, pack_bytes=0)
+    assert "packed" not in unpacked.leaves[0]
+    assert before.get("packed") is True
+
+
+def test_a_kept_plan_is_what_planning_anew_gives() -> None:
+    tree = {"w": jnp.arange(32.0).reshape(8, 4), "b": jnp.ones(3, jnp.int32)}
+    kept = _snap(tree)
+    leafplan._PLANS.clear()
+    fresh = _snap(tree)
+    assert fresh.leaves == kept.leaves
+    assert [(w.leaf, w.index, w.nbytes) for w in fresh.writes] == [
+        (w.leaf, w.index, w.nbytes) for w in kept.writes
+    ]
+
+
+def test_steady_saves_restore_what_each_saved(tmp_path: Path) -> None:
+    ckptr = AsyncCheckpointer(tmp_path)
+    for step in range(3):
+        tree = {"w": jnp.full((8, 4), step, jnp.float32), "b": jnp.full(3, -step)}
+        ckptr.save(step, tree)
+        ckptr.wait_until_finished()
+    for step in range(3):
+        got = ckptr.restore(step)
+        np.testing.assert_array_equal(np.asarray(got["w"]), np.full((8, 4), step, np.float32))
+        np.testing.assert_array_equal(np.asarray(got["b"]), np.full(3, -step))
+    # A deleted array is still refused, plan or no plan.
+    gone = jnp.ones((8, 4), jnp.float32)
+    gone.delete()
+    with pytest.raises(CheckpointError, match="deleted before the save"):
+        ckptr.save(9, {"w": gone, "b": jnp.zeros(3, jnp.int32)})
