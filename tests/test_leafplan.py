@@ -3,12 +3,15 @@
 The plans are kept between saves (:mod:`nbckpt.engine.save.leafplan`): what could go
 wrong is a plan kept for a leaf whose layout changed (its metadata would then describe
 the old array), or data kept with the plan (a save would then write the old values).
+Flattening the tree remembers which types are jax arrays in the same spirit; a leaf
+it then classifies by its type must still be refused or unwrapped as before.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -83,3 +86,21 @@ def test_steady_saves_restore_what_each_saved(tmp_path: Path) -> None:
     gone.delete()
     with pytest.raises(CheckpointError, match="deleted before the save"):
         ckptr.save(9, {"w": gone, "b": jnp.zeros(3, jnp.int32)})
+
+
+def test_kinds_remembered_by_type_still_refuse_and_unwrap_keys() -> None:
+    # flatten remembers which types are jax arrays; a later leaf of that type is still
+    # refused for a dtype no array can hold, and a PRNG key is still stored as its data.
+    plain = flatten({"w": jnp.zeros(3)})
+    assert plain[0].kind == "jax" and plain[0].key_impl is None
+    with pytest.raises(TypeError, match=r"leaf \['x'\] has dtype uint4"):
+        flatten({"w": jnp.zeros(3), "x": jnp.zeros(3, jnp.uint4)})
+    (key,) = flatten({"k": jax.random.key(0)})
+    assert key.kind == "jax" and key.key_impl is not None
+    assert key.value.dtype == np.uint32
+    empties = flatten({"a": None, "b": {}, "c": [], "w": jnp.zeros(2)})
+    assert [(leaf.kind, leaf.value) for leaf in empties[:3]] == [
+        ("empty", "none"),
+        ("empty", "dict"),
+        ("empty", "list"),
+    ]

@@ -227,14 +227,30 @@ def _kind(value: Any, path: tuple[PathEntry, ...]) -> str:
     return kind
 
 
+@functools.lru_cache(maxsize=256)
+def _plain_jax(dtype: Any) -> bool:
+    """Whether :func:`_kind` takes a jax array of ``dtype`` as it is (no key, no refusal)."""
+    return not _extended(dtype) and dtype_supported(np.dtype(dtype))
+
+
+#: The exact types met so far whose values are leaves (a jax array's, NumPy's): asked
+#: of a value's type first, a state's thousands of leaves being of a few types.
+_LEAF_TYPES: set[type] = {np.ndarray, *_SCALARS}
+#: The exact types met so far whose values are jax arrays.
+_JAX_TYPES: set[type] = set()
+
+
 def _empty_node(value: Any) -> str | None:
     """Return what an empty node is restored as (``"none"``, ``"list"``, ``"dict"``), or None.
 
     None when ``value`` is not an empty node: a leaf, or a node with children.
     """
+    if type(value) in _LEAF_TYPES:
+        return None
     if value is None:
         return "none"
     if isinstance(value, (jax.Array, np.ndarray, np.generic, *_SCALARS)):
+        _LEAF_TYPES.add(type(value))  # whether a value is an instance is its type's say
         return None
     kind = type(value)
     if kind is dict or kind is list or kind is tuple:
@@ -294,11 +310,17 @@ def flatten(tree: Any) -> list[Leaf]:
             leaves.append(Leaf(name=name, path=path, kind=EMPTY, value=empty))
             continue
         key_impl = None
-        if isinstance(value, jax.Array) and _prng_key(value.dtype):
-            # Stored as its key data; restore wraps it again with the same implementation.
-            key_impl = str(jax.random.key_impl(value))
-            value = jax.random.key_data(value)
-        kind = _kind(value, path)
+        dtype = value.dtype if type(value) in _JAX_TYPES else None
+        if dtype is not None and _plain_jax(dtype):
+            kind = "jax"  # what _kind says of it, asked of its type and dtype alone
+        else:
+            if isinstance(value, jax.Array) and _prng_key(value.dtype):
+                # Stored as its key data; restore wraps it again with the same implementation.
+                key_impl = str(jax.random.key_impl(value))
+                value = jax.random.key_data(value)
+            kind = _kind(value, path)
+            if kind == "jax" and key_impl is None:
+                _JAX_TYPES.add(type(value))
         if names.refused is not None and names.refused[0] == i:
             raise names.refused[1]
         leaves.append(Leaf(name=name, path=path, kind=kind, value=value, key_impl=key_impl))
