@@ -22,6 +22,7 @@ from nbckpt.storage.backend import RETRY_CONTEXT
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
     "ZARRAY",
+    "Region",
     "chunk_key",
     "chunk_regions",
     "chunk_shape",
@@ -33,6 +34,7 @@ __all__ = [
     "open_array",
     "open_array_async",
     "open_for_write_async",
+    "replica_regions",
 ]
 
 #: Upper bound on one chunk: a shard larger than this is split into several chunks,
@@ -143,6 +145,25 @@ def chunk_regions(
             for g, (start, _) in zip(glob, bounds, strict=True)
         )
         yield glob, local
+
+
+#: A chunk a replica writes: where it sits in the array, in the shard, and its key.
+Region = tuple[tuple[slice, ...], tuple[slice, ...], str]
+
+
+def replica_regions(
+    index: tuple[slice, ...], shape: Sequence[int], chunks: Sequence[int], part: int, parts: int
+) -> tuple[Region, ...]:
+    """The chunks of the shard at ``index`` that its replica ``part`` of ``parts`` writes.
+
+    Those whose position in :func:`chunk_regions` order is ``part`` modulo ``parts``,
+    each as ``(global_region, local_region, key)``.
+    """
+    return tuple(
+        (glob, local, chunk_key(glob, chunks))
+        for i, (glob, local) in enumerate(chunk_regions(index, shape, chunks))
+        if i % parts == part
+    )
 
 
 def _spec(path: Location) -> dict[str, Any]:

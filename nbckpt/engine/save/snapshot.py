@@ -37,7 +37,7 @@ import jax
 import numpy as np
 
 from nbckpt.engine.arrays.tree import EMPTY, Leaf, dtype_name, path_str
-from nbckpt.engine.arrays.zarr import chunk_regions, chunk_shape
+from nbckpt.engine.arrays.zarr import Region, chunk_regions, chunk_shape
 from nbckpt.engine.save.hostmem import HostBuffers, Loan
 from nbckpt.engine.save.leafplan import (
     SPLIT_MIN_BYTES,
@@ -75,7 +75,7 @@ class ShardWrite:
 
     A shard replicated on ``parts`` devices is written by all of them: the replica
     ``part`` writes the chunks whose position among the shard's chunks (in
-    :func:`nbckpt.engine.save.writer.chunk_regions` order) is ``part`` modulo ``parts``.
+    :func:`nbckpt.engine.arrays.zarr.chunk_regions` order) is ``part`` modulo ``parts``.
     """
 
     leaf: str
@@ -84,6 +84,9 @@ class ShardWrite:
     nbytes: int
     part: int = 0
     parts: int = 1
+    #: The chunks it writes, where the leaf's plan has them already (None: the writer
+    #: works them out, :func:`~nbckpt.engine.arrays.zarr.replica_regions`).
+    regions: tuple[Region, ...] | None = None
 
 
 @dataclass
@@ -315,7 +318,9 @@ def _snapshot_leaf(
             data = {s.device: s.data for s in value.addressable_shards}
             for w in plan.writes:
                 taken = _start_host_copy(data[w.device], w.device, loan)
-                snap.writes.append(ShardWrite(leaf.name, w.index, taken, w.nbytes, w.part, w.parts))
+                snap.writes.append(
+                    ShardWrite(leaf.name, w.index, taken, w.nbytes, w.part, w.parts, w.regions)
+                )
         snap.leaves.append(plan.meta)
         return
     process, _, primary = job

@@ -20,11 +20,10 @@ from nbckpt import storage
 from nbckpt.engine import hooks
 from nbckpt.engine.arrays.zarr import (
     ZARRAY,
-    chunk_key,
-    chunk_regions,
     context,
     create_array_async,
     open_for_write_async,
+    replica_regions,
 )
 from nbckpt.engine.progress import ProgressReport
 from nbckpt.engine.save import direct as _direct
@@ -182,13 +181,13 @@ def write_shards(
             host = np.asarray(w.data)  # for a device array, waits for its host copy
             itemsize = host.dtype.itemsize
             chunks = chunks_of[w.leaf]
-            regions = chunk_regions(w.index, shapes_of[w.leaf], chunks)
-            for i, (glob, local) in enumerate(regions):
-                if i % w.parts != w.part:
-                    continue  # another replica of this shard writes that chunk
+            regions = w.regions
+            if regions is None:
+                # Another replica of this shard writes the chunks not among these.
+                regions = replica_regions(w.index, shapes_of[w.leaf], chunks, w.part, w.parts)
+            for glob, local, key in regions:
                 part = host[local]
                 nbytes = math.prod(part.shape) * itemsize
-                key = chunk_key(glob, chunks)
                 if w.leaf in packed:
                     shape = shapes_of[w.leaf]
                     whole = all(g.stop - g.start == d for g, d in zip(glob, shape, strict=True))
