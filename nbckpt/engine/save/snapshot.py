@@ -37,7 +37,7 @@ import jax
 import numpy as np
 
 from nbckpt.engine.arrays.tree import EMPTY, Leaf, dtype_name, path_str
-from nbckpt.engine.arrays.zarr import Region, chunk_regions, chunk_shape
+from nbckpt.engine.arrays.zarr import Region, chunk_shape
 from nbckpt.engine.save.hostmem import HostBuffers, Loan
 from nbckpt.engine.save.leafplan import (
     SPLIT_MIN_BYTES,
@@ -171,15 +171,14 @@ def take_snapshot(
         except (ValueError, RuntimeError) as e:
             raise type(e)(f"cannot snapshot leaf {path_str(leaf.path)}: {e}") from e
     # Every copy to host was started above; waiting for them one by one overlaps them.
-    layout = {m["name"]: (m["shape"], m["chunks"]) for m in snap.leaves if "chunks" in m}
     for w in snap.writes:
         if isinstance(w.data, jax.Array):
-            w.data = _host_copy(w, *layout[w.leaf], loan)
+            w.data = _host_copy(w, loan)
     loan.taken()
     return snap
 
 
-def _host_copy(w: ShardWrite, shape: list[int], chunks: list[int], loan: Loan) -> np.ndarray:
+def _host_copy(w: ShardWrite, loan: Loan) -> np.ndarray:
     """Return host memory holding ``w``'s shard that no later use of the array can change.
 
     On a CPU device ``np.asarray`` is a view of the device buffer, which the view keeps
@@ -201,10 +200,11 @@ def _host_copy(w: ShardWrite, shape: list[int], chunks: list[int], loan: Loan) -
         return loan.copy_of(view)
     # Only this replica's chunks are copied: the rest of a fresh array takes no memory
     # (a borrowed buffer would hold the whole shard's).
+    if w.regions is None:  # a jax leaf's writes come from its plan, with their chunks
+        raise AssertionError(f"leaf {w.leaf}: a shard split among replicas has no chunks")
     out = np.empty_like(view)
-    for i, (_, local) in enumerate(chunk_regions(w.index, tuple(shape), tuple(chunks))):
-        if i % w.parts == w.part:
-            out[local] = view[local]
+    for _, local, _ in w.regions:
+        out[local] = view[local]
     return out
 
 
