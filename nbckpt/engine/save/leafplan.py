@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import jax
 import numpy as np
@@ -42,6 +43,7 @@ __all__ = [
     "SPLIT_MIN_BYTES",
     "LeafPlan",
     "PlannedWrite",
+    "array_meta",
     "describe_sharding",
     "pack_if_small",
     "plan_jax_leaf",
@@ -52,6 +54,8 @@ __all__ = [
 #: its chunks, only if every replica then writes at least this much: smaller leaves
 #: (biases, counters) are not worth more files.
 SPLIT_MIN_BYTES = 1 << 20
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,29 @@ class LeafPlan:
 
     meta: dict[str, Any]
     writes: tuple[PlannedWrite, ...]
+
+
+def array_meta(leaf: Leaf) -> tuple[dict[str, Any], np.dtype[Any], tuple[int, ...]]:
+    """An array leaf's metadata head (name, path, kind, shape, dtype, key impl).
+
+    Returned with the dtype stored (native byte order: so are the stored array, its
+    checksums and what a restore returns) and the shape.
+    """
+    value = leaf.value
+    dtype = np.dtype(value.dtype)
+    if not dtype.isnative:
+        dtype = dtype.newbyteorder("=")
+    shape = tuple(int(s) for s in value.shape)
+    meta: dict[str, Any] = {
+        "name": leaf.name,
+        "path": [list(p) for p in leaf.path],
+        "kind": leaf.kind,
+        "shape": list(shape),
+        "dtype": dtype_name(dtype),
+    }
+    if leaf.key_impl is not None:
+        meta["key_impl"] = leaf.key_impl
+    return meta, dtype, shape
 
 
 def describe_sharding(sharding: Any) -> dict[str, Any]:
@@ -167,16 +194,7 @@ def plan_jax_leaf(
     shape = tuple(value.shape)
     key: tuple[Any, ...] = (leaf.name, leaf.path, leaf.key_impl, ordinal, shape, value.dtype)
     key += (sharding, job, pack_bytes, by_shard)
-    try:
-        known = _PLANS.get(key)
-    except TypeError:  # a sharding that cannot be hashed: planned every time
-        return _plan(leaf, job, ordinal, pack_bytes, by_shard)
-    if known is None:
-        known = _plan(leaf, job, ordinal, pack_bytes, by_shard)
-        if len(_PLANS) >= _PLANS_MAX:
-            _PLANS.clear()
-        _PLANS[key] = known
-    return known
+    return _kept(_PLANS, _PLANS_MAX, key, lambda: _plan(leaf, job, ordinal, pack_bytes, by_shard))
 
 
 def _plan(
@@ -184,20 +202,7 @@ def _plan(
 ) -> LeafPlan:
     process, process_count, primary = job
     value = leaf.value
-    dtype = np.dtype(value.dtype)
-    if not dtype.isnative:
-        # The stored array and its checksums are native; so is what a restore returns.
-        dtype = dtype.newbyteorder("=")
-    shape = tuple(int(s) for s in value.shape)
-    meta: dict[str, Any] = {
-        "name": leaf.name,
-        "path": [list(p) for p in leaf.path],
-        "kind": leaf.kind,
-        "shape": list(shape),
-        "dtype": dtype_name(dtype),
-    }
-    if leaf.key_impl is not None:
-        meta["key_impl"] = leaf.key_impl
+    meta, dtype, shape = array_meta(leaf)
     sharding = value.sharding
     meta["sharding"] = describe_sharding(sharding)
     shard_shape = sharding.shard_shape(shape)
@@ -244,14 +249,26 @@ def _places(sharding: Any, shape: tuple[int, ...], value: Any) -> dict[Any, tupl
     a lock. Asked once per sharding and shape, of the first leaf's shards (``value``
     is that leaf).
     """
-    key = (sharding, shape)
-    try:
-        known = _PLACES.get(key)
-    except TypeError:  # a sharding that cannot be hashed: asked of the shards
+
+    def ask() -> dict[Any, tuple[Any, int]]:
         return {s.device: (s.index, s.replica_id) for s in value.addressable_shards}
+
+    return _kept(_PLACES, _PLACES_MAX, (sharding, shape), ask)
+
+
+def _kept(table: dict[Any, _T], bound: int, key: Any, make: Callable[[], _T]) -> _T:
+    """``table[key]``, made by ``make`` the first time; past ``bound`` keys it starts over.
+
+    A key that cannot be hashed (a sharding of a type that does not hash) is made
+    every time.
+    """
+    try:
+        known = table.get(key)
+    except TypeError:
+        return make()
     if known is None:
-        known = {s.device: (s.index, s.replica_id) for s in value.addressable_shards}
-        if len(_PLACES) >= _PLACES_MAX:
-            _PLACES.clear()
-        _PLACES[key] = known
+        known = make()
+        if len(table) >= bound:
+            table.clear()
+        table[key] = known
     return known

@@ -36,11 +36,12 @@ from typing import Any
 import jax
 import numpy as np
 
-from nbckpt.engine.arrays.tree import EMPTY, Leaf, dtype_name, path_str
+from nbckpt.engine.arrays.tree import EMPTY, Leaf, path_str
 from nbckpt.engine.arrays.zarr import Region, chunk_shape
 from nbckpt.engine.save.hostmem import HostBuffers, Loan
 from nbckpt.engine.save.leafplan import (
     SPLIT_MIN_BYTES,
+    array_meta,
     describe_sharding,
     pack_if_small,
     plan_jax_leaf,
@@ -324,14 +325,14 @@ def _snapshot_leaf(
         snap.leaves.append(plan.meta)
         return
     process, _, primary = job
-    meta: dict[str, Any] = {
-        "name": leaf.name,
-        "path": [list(p) for p in leaf.path],
-        "kind": leaf.kind,
-    }
     if leaf.kind == "scalar":
-        meta["py_type"] = type(leaf.value).__name__
-        meta["value"] = _scalar_json(leaf.value)
+        meta: dict[str, Any] = {
+            "name": leaf.name,
+            "path": [list(p) for p in leaf.path],
+            "kind": leaf.kind,
+            "py_type": type(leaf.value).__name__,
+            "value": _scalar_json(leaf.value),
+        }
         # Stored as a 0-d array too, which is where Orbax reads a scalar from; nbckpt
         # restores the inline value.
         scalar_dtype = scalar_array_dtype(leaf.value)
@@ -345,15 +346,7 @@ def _snapshot_leaf(
         snap.leaves.append(meta)
         return
     value = leaf.value
-    dtype = np.dtype(value.dtype)
-    if not dtype.isnative:
-        # The stored array and its checksums are native; so is what a restore returns.
-        dtype = dtype.newbyteorder("=")
-    shape = tuple(int(s) for s in value.shape)
-    meta["shape"] = list(shape)
-    meta["dtype"] = dtype_name(dtype)
-    if leaf.key_impl is not None:
-        meta["key_impl"] = leaf.key_impl
+    meta, dtype, shape = array_meta(leaf)
     meta["sharding"] = None
     pack_if_small(meta, shape, dtype.itemsize, pack_bytes)
     if process == primary:
