@@ -70,6 +70,19 @@ def assembled_both_ways(mesh_shape: tuple[int, int]) -> list[str]:
                         problems.append(f"{label} {shape} {spec}: shard on {shard.device}")
             if bool(fast.weak_type) != weak:
                 problems.append(f"batched {shape} {spec} {name}: weak_type {fast.weak_type}")
+            # A layout's maker, its checks made once, makes the same array.
+            make = assemble.maker(shape, dtype, sharding, devs, weak)
+            if make is None:
+                problems.append(f"maker {shape} {spec} {name}: none")
+            else:
+                made = make(parts)
+                if not np.array_equal(np.asarray(made), value) or made.dtype != dtype:
+                    problems.append(f"maker {shape} {spec} {name}: wrong values")
+                if made.sharding != sharding or bool(made.weak_type) != weak:
+                    problems.append(f"maker {shape} {spec} {name}: wrong sharding or type")
+                for shard in made.addressable_shards:
+                    if not np.array_equal(np.asarray(shard.data), value[shard.index]):
+                        problems.append(f"maker {shape} {spec}: shard on {shard.device}")
             # A part of the wrong shape is refused, not assembled into a wrong array.
             try:
                 assemble.assemble(shape, dtype, sharding, devs, [p.reshape(-1, 1) for p in parts])
@@ -106,6 +119,32 @@ def test_a_batched_call_of_another_signature_gives_way_to_the_public_one(monkeyp
 def test_a_dtype_jax_would_narrow_is_assembled_the_public_way():
     assert assemble._keeps(np.dtype(np.float32), False)
     assert not assemble._keeps(np.dtype(np.int64), False)  # jax_enable_x64 is off here
+    device = jax.local_devices()[0]
+    sharding = jax.sharding.SingleDeviceSharding(device)
+    assert assemble.maker((3,), np.dtype(np.int64), sharding, [device]) is None
+    assert assemble.maker((3,), np.dtype(np.int32), sharding, [device]) is not None
+
+
+def test_a_maker_given_other_devices_than_its_shardings_is_refused():
+    device = jax.local_devices()[0]
+    sharding = jax.sharding.SingleDeviceSharding(device)
+    assert assemble.maker((3,), np.dtype(np.float32), sharding, []) is None
+
+
+def test_a_maker_whose_batched_call_fails_gives_way_to_the_public_one(monkeypatch):
+    device = jax.local_devices()[0]
+    sharding = jax.sharding.SingleDeviceSharding(device)
+    make = assemble.maker((2, 3), np.dtype(np.float32), sharding, [device])
+    assert make is not None
+
+    def other(*args: object) -> None:
+        raise TypeError("batched_device_put(): incompatible function arguments")
+
+    monkeypatch.setattr(assemble, "_BATCHED", other)
+    part = np.arange(6, dtype=np.float32).reshape(2, 3)
+    out = make([part])
+    assert np.array_equal(np.asarray(out), part) and out.sharding == sharding
+    assert assemble._BATCHED is None  # not tried again
 
 
 def _leaves() -> dict[str, Any]:

@@ -72,3 +72,11 @@ def test_empty_nodes_are_leaves_of_their_own_kind_and_keys_are_key_data():
 def test_unflatten_keeps_positions_of_unnamed_sequence_entries():
     tree = unflatten_paths([((("index", 2),), "c"), ((("index", 0),), "a")])
     assert tree == ["a", None, "c"]
+
+
+def test_equal_keys_of_other_types_keep_their_own_names():
+    # Names of keys are remembered between leaves; 1, True and "1" are equal or
+    # alike as keys of a cache, and must not share a name.
+    assert leaf_name((("key", 1),)) == "1"
+    assert leaf_name((("key", True),)) == "True"
+    assert leaf_name((("key", "1"),)) == "1"

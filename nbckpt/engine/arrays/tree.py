@@ -128,7 +128,14 @@ def leaf_name(path: tuple[PathEntry, ...]) -> str:
     """
     if not path:
         return "_root"
-    return ".".join(_UNSAFE.sub(_encode_utf8, str(v)) or "%" for _, v in path)
+    return ".".join([_name_part(v) for _, v in path])
+
+
+@functools.lru_cache(maxsize=4096, typed=True)
+def _name_part(key: str | int) -> str:
+    # A state's thousands of leaves share a few dozen keys ("params", "layer_003",
+    # "kernel"); a restore names every leaf of its target.
+    return _UNSAFE.sub(_encode_utf8, str(key)) or "%"
 
 
 def legacy_leaf_name(path: tuple[PathEntry, ...]) -> str:

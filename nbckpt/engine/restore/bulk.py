@@ -32,9 +32,10 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import math
 import os
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +44,7 @@ import jax
 import numpy as np
 
 from nbckpt.engine.arrays.zarr import chunk_key
+from nbckpt.engine.restore.assemble import maker
 from nbckpt.engine.restore.chunkfiles import pread_full, read_pieces
 from nbckpt.engine.restore.mapped import can_map, map_range
 from nbckpt.engine.restore.packed import PackedSource
@@ -80,7 +82,23 @@ GAP_BYTES = 64 << 10
 READ_AHEAD = 2
 
 
-@dataclass
+#: Where a leaf's chunks go: this process's devices (none for a host value), the box
+#: each needs, and per chunk needed its key, shape and the positions of its devices.
+_Layout = tuple[list[Any], list[Box], list[tuple[str, tuple[int, ...], list[int]]]]
+
+
+#: What :meth:`BulkReads.add` needs of a layout: the leaf's shape, its :data:`_Layout`
+#: (each chunk with its byte count) and its array maker.
+_BulkLayout = tuple[
+    tuple[int, ...],
+    list[Any],
+    list[Box],
+    list[tuple[str, tuple[int, ...], list[int], int]],
+    Callable[[list[Any]], jax.Array] | None,
+]
+
+
+@dataclass(slots=True)
 class BulkChunk:
     """One chunk of a leaf read in bulk, and the positions of the devices that need it."""
 
@@ -93,7 +111,7 @@ class BulkChunk:
     positions: list[int] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(slots=True)
 class BulkLeaf:
     """One small packed leaf of a restore: where its chunks lie, where they go."""
 
@@ -106,6 +124,9 @@ class BulkLeaf:
     devices: list[Any]
     weak: bool
     chunks: list[BulkChunk]
+    #: What makes the leaf's array from its parts, where one is known for its layout
+    #: (:func:`~nbckpt.engine.restore.assemble.maker`).
+    make: Callable[[list[Any]], jax.Array] | None = None
     #: The host value, or one array per device of ``devices``, once read.
     placed: list[Any] = field(default_factory=list)
     #: The restored leaf, made as soon as every part is placed (see :meth:`result`).
@@ -116,13 +137,22 @@ class BulkLeaf:
     nbytes: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
-        self.nbytes = sum(c.where.nbytes for c in self.chunks)
+        chunks = self.chunks
+        self.nbytes = (
+            chunks[0].where.nbytes if len(chunks) == 1 else sum(c.where.nbytes for c in chunks)
+        )
 
     def result(self) -> Any:
         """The restored leaf (see :func:`~nbckpt.engine.restore.reads.leaf_value`)."""
         if not self.made:
             self.value = leaf_value(
-                self.meta, self.shape, self.sharding, self.devices, self.placed, self.weak
+                self.meta,
+                self.shape,
+                self.sharding,
+                self.devices,
+                self.placed,
+                self.weak,
+                self.make,
             )
             self.made = True
         return self.value
@@ -140,9 +170,9 @@ class BulkReads:
     def __init__(self, source: PackedSource) -> None:
         self.source = source
         self.leaves: list[BulkLeaf] = []
-        #: Each (sharding, shape, chunk grid) met so far and its :func:`_layout`: the
-        #: leaves of a state share a few (every layer's bias, say).
-        self._layouts: dict[tuple[Any, tuple[int, ...], tuple[int, ...]], _Layout | None] = {}
+        #: Each (sharding, shape, chunks, dtype, weak) met so far: its
+        #: :func:`_bulk_layout`.
+        self._layouts: dict[tuple[Any, ...], _BulkLayout | None] = {}
 
     def add(
         self,
@@ -164,30 +194,32 @@ class BulkReads:
         """
         if meta["kind"] == "scalar":
             return None
-        saved = np.dtype(meta["dtype"])
-        if dtype is not None and np.dtype(dtype) != saved:
+        saved = _dtype(meta["dtype"])
+        if dtype is not None and dtype != saved and np.dtype(dtype) != saved:
             return None
-        shape = tuple(int(s) for s in meta.get("shape", ()))
-        grid = tuple(max(1, int(c)) for c in meta.get("chunks", shape))
-        if sharding is not None:
-            check_x64(label, saved)
-        known = (sharding, shape, grid)
-        if known not in self._layouts:
-            self._layouts[known] = _layout(sharding, shape, grid)
-        layout = self._layouts[known]
+        # The leaves of a state share a few layouts (every layer's bias, say): what
+        # depends on the layout alone is worked out, and checked, once for each.
+        chunked = meta.get("chunks")
+        grid = None if chunked is None else tuple(chunked)
+        known = (sharding, tuple(meta.get("shape", ())), grid, saved, weak)
+        try:
+            layout = self._layouts[known]
+        except KeyError:
+            layout = self._layouts[known] = _bulk_layout(label, sharding, meta, saved, weak)
         if layout is None:
             return None  # a device needs a part of a chunk, or several chunks
-        devices, boxes, parts = layout
+        shape, devices, boxes, parts, make = layout
         chunks: list[BulkChunk] = []
-        for key, size, positions in parts:
-            where = self.source.chunk(meta["name"], key)
-            if where is None or where.nbytes != math.prod(size) * saved.itemsize:
+        name = meta["name"]
+        for key, size, positions, nbytes in parts:
+            where = self.source.chunk(name, key)
+            if where is None or where.nbytes != nbytes:
                 return None
             expected = None if recorded is None else recorded.get(key)
             if recorded is not None and expected is None:
                 return None
             chunks.append(BulkChunk(key, where, size, expected, positions))
-        leaf = BulkLeaf(meta, label, shape, saved, sharding, devices, weak, chunks)
+        leaf = BulkLeaf(meta, label, shape, saved, sharding, devices, weak, chunks, make)
         if not self.source.local:
             self.source.open(meta["name"], boxes)  # requested with the others
         self.leaves.append(leaf)
@@ -356,9 +388,33 @@ _Part = tuple[BulkLeaf, BulkChunk]
 _Stretch = tuple[str, int, int, list[_Part]]
 
 
-#: Where a leaf's chunks go: this process's devices (none for a host value), the box
-#: each needs, and per chunk needed its key, shape and the positions of its devices.
-_Layout = tuple[list[Any], list[Box], list[tuple[str, tuple[int, ...], list[int]]]]
+@functools.lru_cache(maxsize=64)
+def _dtype(name: str) -> np.dtype[Any]:
+    return np.dtype(name)
+
+
+def _bulk_layout(
+    label: str,
+    sharding: jax.sharding.Sharding | None,
+    meta: dict[str, Any],
+    saved: np.dtype[Any],
+    weak: bool,
+) -> _BulkLayout | None:
+    """A leaf's layout as :meth:`BulkReads.add` takes it; None if it is not read in bulk.
+
+    Refuses (``check_x64``, naming leaf ``label``) a dtype a jax array cannot hold.
+    """
+    shape = tuple(int(s) for s in meta.get("shape", ()))
+    grid = tuple(max(1, int(c)) for c in meta.get("chunks", shape))
+    if sharding is not None:
+        check_x64(label, saved)
+    layout = _layout(sharding, shape, grid)
+    if layout is None:
+        return None
+    devices, boxes, parts = layout
+    sized = [(k, size, at, math.prod(size) * saved.itemsize) for k, size, at in parts]
+    make = None if sharding is None else maker(shape, saved, sharding, devices, weak)
+    return shape, devices, boxes, sized, make
 
 
 def _layout(

@@ -392,18 +392,24 @@ def leaf_value(
     devices: list[Any],
     placed: list[Any],
     weak: bool,
+    make: Callable[[list[Any]], jax.Array] | None = None,
 ) -> Any:
     """The restored leaf from its parts: one host array, or one part per local device.
 
     A host value is returned as it is (a Python number if it was saved as one); the
     parts on ``devices`` (host arrays, or arrays already on those devices) are
-    assembled under ``sharding``. A typed PRNG key comes back wrapped.
+    assembled under ``sharding``, by ``make`` if given (an
+    :func:`~nbckpt.engine.restore.assemble.maker` of the leaf's layout, the parts being
+    host arrays of its shards). A typed PRNG key comes back wrapped.
     """
     if sharding is None:
         host = placed[0]
         value = host.item() if meta.get("python_scalar") else host
     else:
-        value = assemble(shape, placed[0].dtype, sharding, devices, placed, weak)
+        if make is not None:
+            value = make(placed)
+        else:
+            value = assemble(shape, placed[0].dtype, sharding, devices, placed, weak)
         if weak and not is_weak(value):
             value = weaken(value)
     if meta.get("key_impl"):

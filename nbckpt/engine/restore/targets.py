@@ -7,6 +7,7 @@ refuse the same mismatches with the same words.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -28,7 +29,17 @@ __all__ = [
 
 
 def _is_key(dtype: Any) -> bool:
-    return jax.numpy.issubdtype(dtype, jax.dtypes.prng_key)
+    try:
+        return _is_key_dtype(dtype)
+    except TypeError:  # a dtype that cannot be hashed
+        return bool(jax.numpy.issubdtype(dtype, jax.dtypes.prng_key))
+
+
+@functools.lru_cache(maxsize=256)
+def _is_key_dtype(dtype: Any) -> bool:
+    # Asked for every leaf of a restore's target, of a few dtypes: jax's answer costs
+    # a few microseconds each time.
+    return bool(jax.numpy.issubdtype(dtype, jax.dtypes.prng_key))
 
 
 def target_parts(t: Any) -> tuple[jax.sharding.Sharding | None, Any, Any]:
@@ -92,6 +103,11 @@ def check_dtype(where: str, saved: Any, dtype: Any, cast: bool, weak: bool = Fal
     if dtype is None or saved is None:
         return False
     try:
+        if _alike(dtype, saved):
+            return False
+    except TypeError:  # not a dtype, or one that cannot be hashed: said below
+        pass
+    try:
         want = np.dtype(dtype)
     except TypeError:
         raise ValueError(
@@ -108,6 +124,16 @@ def check_dtype(where: str, saved: Any, dtype: Any, cast: bool, weak: bool = Fal
         f"target leaf {where} asks for dtype {want}, but it was saved as {saved}; "
         "pass cast=True to convert it, or give a target of the saved dtype"
     )
+
+
+@functools.lru_cache(maxsize=256)
+def _alike(dtype: Any, saved: Any) -> bool:
+    """Whether a target of ``dtype`` takes a leaf saved as ``saved`` as it is.
+
+    Byte order aside (see :func:`check_dtype`); asked for every leaf of a restore, of
+    a few pairs of dtypes.
+    """
+    return bool(np.dtype(dtype).newbyteorder("=") == np.dtype(saved).newbyteorder("="))
 
 
 def convert(where: str, values: np.ndarray, dtype: np.dtype[Any], exact: bool) -> np.ndarray:
