@@ -71,6 +71,13 @@ class Leaf:
 def path_entry(key: Any) -> PathEntry:
     """Convert one jax key-path entry into a JSON-able :data:`PathEntry`."""
     tu = jax.tree_util
+    kind = type(key)
+    # The common kinds by their exact type first: a restore converts every key of its
+    # target's thousands of leaves.
+    if kind is tu.DictKey and type(key.key) is str:
+        return ("key", key.key)
+    if kind is tu.GetAttrKey:
+        return ("attr", key.name)
     if isinstance(key, tu.DictKey):
         k = key.key
         if not isinstance(k, str | int):
@@ -157,7 +164,13 @@ def legacy_leaf_name(path: tuple[PathEntry, ...]) -> str:
 
 def path_str(path: tuple[PathEntry, ...]) -> str:
     """Return a leaf's tree path as an error message shows it: ``['opt'][1].mu``."""
-    return "".join(f"[{v!r}]" if k != "attr" else f".{v}" for k, v in path) or "<root>"
+    return "".join([_path_part(k, v) for k, v in path]) or "<root>"
+
+
+@functools.lru_cache(maxsize=4096, typed=True)
+def _path_part(kind: str, key: str | int) -> str:
+    # Remembered, as leaf names' parts are (see _name_part).
+    return f"[{key!r}]" if kind != "attr" else f".{key}"
 
 
 def _leaf_path(keys: tuple[Any, ...]) -> tuple[PathEntry, ...]:

@@ -136,7 +136,11 @@ class BulkLeaf:
     #: per leaf several times, and a state may have thousands).
     nbytes: int = field(init=False, default=0)
 
+    #: How many of ``devices`` have no part yet.
+    missing: int = field(init=False, default=0)
+
     def __post_init__(self) -> None:
+        self.missing = len(self.devices)
         chunks = self.chunks
         self.nbytes = (
             chunks[0].where.nbytes if len(chunks) == 1 else sum(c.where.nbytes for c in chunks)
@@ -257,7 +261,7 @@ class BulkReads:
             self._place([(leaf, c, self._remote(leaf, c), None) for leaf, c in parts])
         for leaf in self.leaves:
             if leaf.devices and (
-                len(leaf.placed) != len(leaf.devices) or any(p is None for p in leaf.placed)
+                leaf.missing or len(leaf.placed) != len(leaf.devices) or not leaf.made
             ):
                 raise AssertionError(f"leaf {leaf.label}: a device got no chunk")
 
@@ -377,7 +381,8 @@ class BulkReads:
                 leaf.placed = [None] * len(leaf.devices)
             for i in chunk.positions:
                 leaf.placed[i] = host
-            if all(p is not None for p in leaf.placed):
+            leaf.missing -= len(chunk.positions)  # each device needs one chunk, once
+            if not leaf.missing:
                 # Made now, while the next stretch is read, not after the last one.
                 leaf.result()
 

@@ -216,7 +216,7 @@ def check_sharding(
     if sharding is None:
         return
     try:
-        sharding.shard_shape(tuple(shape))
+        _splits(sharding, tuple(shape))
     except ValueError as e:
         if isinstance(sharding, jax.sharding.NamedSharding):
             layout = f"mesh {dict(sharding.mesh.shape)} with spec {sharding.spec}"
@@ -249,3 +249,18 @@ def default_sharding(meta: dict[str, Any]) -> jax.sharding.Sharding:
         return jax.sharding.SingleDeviceSharding(devices[0])
     mesh = jax.sharding.Mesh(np.array(devices), ("nbckpt_all",))
     return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+
+@functools.lru_cache(maxsize=1024)
+def _splits_known(sharding: jax.sharding.Sharding, shape: tuple[int, ...]) -> None:
+    # Remembered when it splits: a state's leaves have a few dozen shapes and
+    # shardings. (A refusal is not: lru_cache keeps results only.)
+    sharding.shard_shape(shape)
+
+
+def _splits(sharding: jax.sharding.Sharding, shape: tuple[int, ...]) -> None:
+    """Raise ValueError unless ``sharding`` splits ``shape`` evenly."""
+    try:
+        _splits_known(sharding, shape)
+    except TypeError:  # a sharding that cannot be hashed
+        sharding.shard_shape(shape)
