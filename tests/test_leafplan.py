@@ -9,6 +9,7 @@ it then classifies by its type must still be refused or unwrapped as before.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import jax
@@ -138,3 +139,21 @@ def test_a_split_replicated_leaf_copied_out_restores_whole(group1, tmp_path: Pat
     # Two replicas, each writing one of the shard's two 2 MiB chunks.
     [parts] = group1.run("tests.test_leafplan:split_copied_task", str(tmp_path))
     assert parts == "[(0, 2, 1), (1, 2, 1)]"
+
+
+def test_kept_metadata_texts_render_the_leaves_as_json_does() -> None:
+    from nbckpt.engine.save.metadata import leaves_json
+
+    tree = {
+        "w": jnp.zeros((8, 4), jnp.float32),
+        "n": np.arange(5, dtype=np.int16),
+        "step": 7,
+        "key": jax.random.key(0),
+        "é": jnp.ones((3,), jnp.bfloat16),
+    }
+    for _ in range(2):  # planned, then kept
+        snap = _snap(tree)
+        assert json.dumps(snap.leaves) == leaves_json(snap)
+    assert [t is None for t in snap.texts] == [m["kind"] != "jax" for m in snap.leaves]
+    snap.texts.clear()  # a snapshot without texts is rendered whole
+    assert json.dumps(snap.leaves) == leaves_json(snap)

@@ -23,6 +23,7 @@ jax makes a ``Shard`` for each device at every ask.
 from __future__ import annotations
 
 import functools
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -81,6 +82,8 @@ class LeafPlan:
 
     meta: dict[str, Any]
     writes: tuple[PlannedWrite, ...]
+    #: ``meta`` as the step's metadata holds it (JSON), rendered once with the plan.
+    text: str
 
 
 def array_meta(leaf: Leaf) -> tuple[dict[str, Any], np.dtype[Any], tuple[int, ...]]:
@@ -232,7 +235,7 @@ def _plan(
                 math.prod(sl.stop - sl.start for sl in glob) for glob, _, _ in regions
             )
             writes.append(PlannedWrite(device, index, nbytes, part, parts, regions))
-    return LeafPlan(meta, tuple(writes))
+    return LeafPlan(meta, tuple(writes), json.dumps(meta))
 
 
 #: Per (sharding, global shape): each addressable device's shard index and replica id.

@@ -103,6 +103,8 @@ class Snapshot:
     leaves: list[dict[str, Any]] = field(default_factory=list)
     writes: list[ShardWrite] = field(default_factory=list)
     empty: list[dict[str, Any]] = field(default_factory=list)
+    #: Per leaf, its metadata's JSON text where a kept plan has it (None: render it).
+    texts: list[str | None] = field(default_factory=list)
 
     @property
     def nbytes(self) -> int:
@@ -323,6 +325,7 @@ def _snapshot_leaf(
                     ShardWrite(leaf.name, w.index, taken, w.nbytes, w.part, w.parts, w.regions)
                 )
         snap.leaves.append(plan.meta)
+        snap.texts.append(plan.text)
         return
     process, _, primary = job
     if leaf.kind == "scalar":
@@ -344,6 +347,7 @@ def _snapshot_leaf(
                 value = np.asarray(leaf.value, dtype=scalar_dtype)
                 snap.writes.append(ShardWrite(leaf.name, (), value, value.nbytes))
         snap.leaves.append(meta)
+        snap.texts.append(None)
         return
     value = leaf.value
     meta, dtype, shape = array_meta(leaf)
@@ -356,3 +360,4 @@ def _snapshot_leaf(
         )
     meta["chunks"] = chunk_shape(shape, dtype.itemsize)
     snap.leaves.append(meta)
+    snap.texts.append(None)
