@@ -32,10 +32,8 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import functools
-import math
 import os
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,14 +41,11 @@ from typing import Any
 import jax
 import numpy as np
 
-from nbckpt.engine.arrays.zarr import chunk_key
-from nbckpt.engine.restore.assemble import maker
+from nbckpt.engine.restore.bulklayout import BulkLayout, bulk_layout, stored_dtype
 from nbckpt.engine.restore.chunkfiles import pread_full, read_pieces
 from nbckpt.engine.restore.mapped import can_map, map_range
 from nbckpt.engine.restore.packed import PackedSource
-from nbckpt.engine.restore.protocols import Box
 from nbckpt.engine.restore.reads import aligned_empty, leaf_value
-from nbckpt.engine.restore.targets import check_x64
 from nbckpt.errors import CorruptCheckpointError
 from nbckpt.formats import checksum as _checksum
 from nbckpt.formats.checksum import crc32c_extend
@@ -80,22 +75,6 @@ FIRST_STRETCH_BYTES = 2 << 20
 GAP_BYTES = 64 << 10
 #: How many stretches are read ahead of the one being checked and placed.
 READ_AHEAD = 2
-
-
-#: Where a leaf's chunks go: this process's devices (none for a host value), the box
-#: each needs, and per chunk needed its key, shape and the positions of its devices.
-_Layout = tuple[list[Any], list[Box], list[tuple[str, tuple[int, ...], list[int]]]]
-
-
-#: What :meth:`BulkReads.add` needs of a layout: the leaf's shape, its :data:`_Layout`
-#: (each chunk with its byte count) and its array maker.
-_BulkLayout = tuple[
-    tuple[int, ...],
-    list[Any],
-    list[Box],
-    list[tuple[str, tuple[int, ...], list[int], int]],
-    Callable[[list[Any]], jax.Array] | None,
-]
 
 
 @dataclass(slots=True)
@@ -175,8 +154,8 @@ class BulkReads:
         self.source = source
         self.leaves: list[BulkLeaf] = []
         #: Each (sharding, shape, chunks, dtype, weak) met so far: its
-        #: :func:`_bulk_layout`.
-        self._layouts: dict[tuple[Any, ...], _BulkLayout | None] = {}
+        #: :func:`~nbckpt.engine.restore.bulklayout.bulk_layout`.
+        self._layouts: dict[tuple[Any, ...], BulkLayout | None] = {}
 
     def add(
         self,
@@ -198,7 +177,7 @@ class BulkReads:
         """
         if meta["kind"] == "scalar":
             return None
-        saved = _dtype(meta["dtype"])
+        saved = stored_dtype(meta["dtype"])
         if dtype is not None and dtype != saved and np.dtype(dtype) != saved:
             return None
         # The leaves of a state share a few layouts (every layer's bias, say): what
@@ -209,7 +188,7 @@ class BulkReads:
         try:
             layout = self._layouts[known]
         except KeyError:
-            layout = self._layouts[known] = _bulk_layout(label, sharding, meta, saved, weak)
+            layout = self._layouts[known] = bulk_layout(label, sharding, meta, saved, weak)
         if layout is None:
             return None  # a device needs a part of a chunk, or several chunks
         shape, devices, boxes, parts, make = layout
@@ -391,83 +370,6 @@ class BulkReads:
 _Part = tuple[BulkLeaf, BulkChunk]
 #: A stretch of one pack read at once: (file, first byte, end, the chunks in it).
 _Stretch = tuple[str, int, int, list[_Part]]
-
-
-@functools.lru_cache(maxsize=64)
-def _dtype(name: str) -> np.dtype[Any]:
-    return np.dtype(name)
-
-
-def _bulk_layout(
-    label: str,
-    sharding: jax.sharding.Sharding | None,
-    meta: dict[str, Any],
-    saved: np.dtype[Any],
-    weak: bool,
-) -> _BulkLayout | None:
-    """A leaf's layout as :meth:`BulkReads.add` takes it; None if it is not read in bulk.
-
-    Refuses (``check_x64``, naming leaf ``label``) a dtype a jax array cannot hold.
-    """
-    shape = tuple(int(s) for s in meta.get("shape", ()))
-    grid = tuple(max(1, int(c)) for c in meta.get("chunks", shape))
-    if sharding is not None:
-        check_x64(label, saved)
-    layout = _layout(sharding, shape, grid)
-    if layout is None:
-        return None
-    devices, boxes, parts = layout
-    sized = [(k, size, at, math.prod(size) * saved.itemsize) for k, size, at in parts]
-    make = None if sharding is None else maker(shape, saved, sharding, devices, weak)
-    return shape, devices, boxes, sized, make
-
-
-def _layout(
-    sharding: jax.sharding.Sharding | None, shape: tuple[int, ...], grid: tuple[int, ...]
-) -> _Layout | None:
-    """Which chunk each device of a leaf needs; None unless each needs one whole chunk.
-
-    An empty chunk counts as none: such a leaf is left to the general path.
-    """
-    whole: Box = tuple((0, d) for d in shape)
-    devices: list[Any] = []
-    if sharding is None:
-        boxes: list[Box] = [whole]
-    elif sharding.is_fully_replicated:
-        # The common case, without asking the sharding where each device is (a leaf
-        # of several chunks then finds no chunk of its whole below).
-        devices = sorted(sharding.addressable_devices, key=lambda d: d.id)
-        boxes = [whole] * len(devices)
-    else:
-        placement = sharding.addressable_devices_indices_map(shape)
-        devices = list(placement)
-        boxes = [_box(index, shape) if index else whole for index in placement.values()]
-    parts: dict[str, tuple[str, tuple[int, ...], list[int]]] = {}
-    for i, box in enumerate(boxes):
-        key = _key(box, shape, grid)
-        if key is None:
-            return None
-        part = parts.get(key)
-        if part is None:
-            size = tuple(b - a for a, b in box)
-            if math.prod(size) == 0:
-                return None
-            part = parts[key] = (key, size, [])
-        if devices:
-            part[2].append(i)
-    return (devices, boxes, list(parts.values())) if parts else None
-
-
-def _box(index: tuple[slice, ...], shape: tuple[int, ...]) -> Box:
-    return tuple(sl.indices(d)[:2] for sl, d in zip(index, shape, strict=True))
-
-
-def _key(box: Box, shape: tuple[int, ...], grid: Sequence[int]) -> str | None:
-    """The key of the chunk whose region is exactly ``box``; None if there is none."""
-    for (a, b), d, c in zip(box, shape, grid, strict=True):
-        if a % c or b != min(a + c, d):
-            return None
-    return chunk_key(tuple(slice(a, b) for a, b in box), grid)
 
 
 def _part(buf: np.ndarray, start: int, chunk: BulkChunk) -> np.ndarray:
