@@ -154,6 +154,6 @@ def test_kept_metadata_texts_render_the_leaves_as_json_does() -> None:
     for _ in range(2):  # planned, then kept
         snap = _snap(tree)
         assert json.dumps(snap.leaves) == leaves_json(snap)
-    assert [t is None for t in snap.texts] == [m["kind"] != "jax" for m in snap.leaves]
-    snap.texts.clear()  # a snapshot without texts is rendered whole
+    assert [p is None for p in snap.plans] == [m["kind"] != "jax" for m in snap.leaves]
+    snap.plans.clear()  # a snapshot without plans is rendered whole
     assert json.dumps(snap.leaves) == leaves_json(snap)

@@ -82,8 +82,15 @@ class LeafPlan:
 
     meta: dict[str, Any]
     writes: tuple[PlannedWrite, ...]
-    #: ``meta`` as the step's metadata holds it (JSON), rendered once with the plan.
-    text: str
+
+    @functools.cached_property
+    def text(self) -> str:
+        """``meta`` as the step's metadata holds it (JSON), rendered once.
+
+        Rendered when first asked, by the primary's metadata draft on its background
+        thread, not by every process's blocking snapshot.
+        """
+        return json.dumps(self.meta)
 
 
 def array_meta(leaf: Leaf) -> tuple[dict[str, Any], np.dtype[Any], tuple[int, ...]]:
@@ -235,7 +242,7 @@ def _plan(
                 math.prod(sl.stop - sl.start for sl in glob) for glob, _, _ in regions
             )
             writes.append(PlannedWrite(device, index, nbytes, part, parts, regions))
-    return LeafPlan(meta, tuple(writes), json.dumps(meta))
+    return LeafPlan(meta, tuple(writes))
 
 
 #: Per (sharding, global shape): each addressable device's shard index and replica id.

@@ -85,13 +85,15 @@ def draft_metadata(
 def leaves_json(snap: Snapshot) -> str:
     """The JSON array of the snapshot's leaves' metadata, as ``json.dumps`` renders it.
 
-    A leaf whose plan was kept from an earlier save (:mod:`~nbckpt.engine.save.leafplan`)
-    brings its text along; the others are rendered now. For a state of thousands of
-    leaves the metadata was a large part of the primary's work at every save (4,006
-    leaves: about 35 ms of CPU, holding the GIL its write threads need).
+    A jax leaf's kept plan (:mod:`~nbckpt.engine.save.leafplan`) renders its text once
+    and keeps it for the saves after; other leaves are rendered now. For a state of
+    thousands of leaves the metadata was a large part of the primary's work at every
+    save, holding the GIL its write threads need (3,996 leaves in one process: 19.5 ms
+    of CPU, against 1.3 ms joined from kept texts).
     """
-    texts = snap.texts if len(snap.texts) == len(snap.leaves) else [None] * len(snap.leaves)
-    parts = [json.dumps(m) if t is None else t for m, t in zip(snap.leaves, texts, strict=True)]
+    plans = snap.plans if len(snap.plans) == len(snap.leaves) else [None] * len(snap.leaves)
+    pairs = zip(snap.leaves, plans, strict=True)
+    parts = [json.dumps(m) if p is None else p.text for m, p in pairs]
     return f"[{', '.join(parts)}]"
 
 

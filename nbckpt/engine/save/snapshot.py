@@ -41,6 +41,7 @@ from nbckpt.engine.arrays.zarr import Region, chunk_shape
 from nbckpt.engine.save.hostmem import HostBuffers, Loan
 from nbckpt.engine.save.leafplan import (
     SPLIT_MIN_BYTES,
+    LeafPlan,
     array_meta,
     describe_sharding,
     pack_if_small,
@@ -103,8 +104,8 @@ class Snapshot:
     leaves: list[dict[str, Any]] = field(default_factory=list)
     writes: list[ShardWrite] = field(default_factory=list)
     empty: list[dict[str, Any]] = field(default_factory=list)
-    #: Per leaf, its metadata's JSON text where a kept plan has it (None: render it).
-    texts: list[str | None] = field(default_factory=list)
+    #: Per leaf, its kept plan, which renders its metadata's JSON once (None: none).
+    plans: list[LeafPlan | None] = field(default_factory=list)
 
     @property
     def nbytes(self) -> int:
@@ -325,7 +326,7 @@ def _snapshot_leaf(
                     ShardWrite(leaf.name, w.index, taken, w.nbytes, w.part, w.parts, w.regions)
                 )
         snap.leaves.append(plan.meta)
-        snap.texts.append(plan.text)
+        snap.plans.append(plan)
         return
     process, _, primary = job
     if leaf.kind == "scalar":
@@ -347,7 +348,7 @@ def _snapshot_leaf(
                 value = np.asarray(leaf.value, dtype=scalar_dtype)
                 snap.writes.append(ShardWrite(leaf.name, (), value, value.nbytes))
         snap.leaves.append(meta)
-        snap.texts.append(None)
+        snap.plans.append(None)
         return
     value = leaf.value
     meta, dtype, shape = array_meta(leaf)
@@ -360,4 +361,4 @@ def _snapshot_leaf(
         )
     meta["chunks"] = chunk_shape(shape, dtype.itemsize)
     snap.leaves.append(meta)
-    snap.texts.append(None)
+    snap.plans.append(None)
