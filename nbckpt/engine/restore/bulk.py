@@ -120,10 +120,7 @@ class BulkLeaf:
 
     def __post_init__(self) -> None:
         self.missing = len(self.devices)
-        chunks = self.chunks
-        self.nbytes = (
-            chunks[0].where.nbytes if len(chunks) == 1 else sum(c.where.nbytes for c in chunks)
-        )
+        self.nbytes = sum(c.where.nbytes for c in self.chunks)
 
     def result(self) -> Any:
         """The restored leaf (see :func:`~nbckpt.engine.restore.reads.leaf_value`)."""
