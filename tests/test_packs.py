@@ -425,49 +425,6 @@ def test_small_packed_leaves_are_read_in_bulk_and_converted_ones_as_before(tmp_p
     assert np.array_equal(np.asarray(got), np.asarray(bias).astype(np.float16))
 
 
-def test_a_leaf_read_from_its_own_files_is_issued_as_soon_as_it_is_planned(tmp_path, monkeypatch):
-    from nbckpt.engine.restore import schedule, step
-    from nbckpt.engine.restore.reads import LeafRead
-
-    _save(tmp_path)
-    log: list[str] = []
-    reads: list[int] = []
-    parts, issue, settle = step.target_parts, LeafRead.issue, schedule.Issued.settle
-
-    def planned(t: object) -> object:
-        log.append("plan")
-        return parts(t)
-
-    def issued(self: LeafRead, on_done: object) -> int:
-        n = issue(self, on_done)  # type: ignore[arg-type]
-        log.append(f"issue {self.name}")
-        reads.append(n)
-        return n
-
-    def settled(self: schedule.Issued, *a: object) -> None:
-        log.append(f"settle {self.count}")
-        settle(self, *a)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(step, "target_parts", planned)
-    monkeypatch.setattr(LeafRead, "issue", issued)
-    monkeypatch.setattr(schedule.Issued, "settle", settled)
-    ck = AsyncCheckpointer(tmp_path)
-    want = _state()
-    out = ck.restore(1, target=jax.tree.map(lambda x: x, want))
-    assert _same(out["big"], want["big"])
-    # "big" is the first leaf in the tree's order: read while the others are planned.
-    assert log.index("issue big") < len(log) - 1 - log[::-1].index("plan")
-    assert log.count("issue big") == 1  # read_all does not issue it again
-    # A target that fails after "big" was issued: the same error as ever, once the
-    # read already issued has ended.
-    log.clear()
-    reads.clear()
-    target = {**jax.tree.map(lambda x: x, want), "missing": want["big"]}
-    with pytest.raises(KeyError, match=r"target leaf \[.missing.\] is not in"):
-        ck.restore(1, target=target)
-    assert "issue big" in log and log[-1] == f"settle {sum(reads)}"
-
-
 def test_leaves_read_in_bulk_as_host_values_are_arrays_of_their_own(tmp_path, monkeypatch):
     _save(tmp_path)
     taken = _taken(monkeypatch)

@@ -1,8 +1,7 @@
 """All the reads of a restore, at once: issued, checked as they complete, placed.
 
 :func:`read_all` drives the :class:`~nbckpt.engine.restore.reads.LeafRead` of every
-leaf: it issues every read before it waits for any, so that tensorstore overlaps them
-(a leaf read from its own files was issued as soon as it was planned, :class:`Issued`);
+leaf: it issues every read before it waits for any, so that tensorstore overlaps them;
 checks each read's chunks as it completes (on a few threads for large reads, in line
 for small ones), while the others are still in flight; places each large one on its
 devices (a small one goes there with its leaf, when the leaf is assembled); and reports
@@ -14,56 +13,18 @@ from __future__ import annotations
 import functools
 import os
 import queue
-import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from nbckpt.engine.progress import ProgressReport
 from nbckpt.engine.restore.reads import SMALL_READ_BYTES, LeafRead, RegionRead
 
-__all__ = ["Issued", "read_all"]
+__all__ = ["read_all"]
 
 #: Threads that check chunks while others are still being read: enough to keep up with
 #: fast storage (CRC-32C runs at several GB/s per core), few enough to leave the cores
 #: to the processes that share the host.
 _VERIFY_THREADS = max(1, min(4, (os.cpu_count() or 1) // 2))
-
-#: How long a restore that failed while planning waits for the reads it had issued.
-SETTLE_S = 30.0
-
-
-class Issued:
-    """The reads of a restore issued while its leaves are still being planned.
-
-    A restore matches its target's leaves to the metadata one by one; a leaf read from
-    its own files is issued as soon as it is planned (:meth:`issue`), so that the
-    storage works while the others are matched, and :func:`read_all` then issues the
-    rest and waits for all. A leaf fetched late (a packed one) waits for ``read_all``.
-    """
-
-    def __init__(self) -> None:
-        #: (a completed read, None) or (a checked read, its check's future).
-        self.events: queue.SimpleQueue[tuple[RegionRead, Future[None] | None]] = queue.SimpleQueue()
-        #: The reads issued so far, and the leaves they are of (by identity).
-        self.count = 0
-        self.leaves: set[int] = set()
-
-    def issue(self, leaf: LeafRead) -> None:
-        """Issue ``leaf``'s reads now, unless its data is fetched late."""
-        if leaf.late:
-            return
-        leaf.defer_small = True
-        self.count += leaf.issue(lambda r: self.events.put((r, None)))
-        self.leaves.add(id(leaf))
-
-    def settle(self, timeout_s: float = SETTLE_S) -> None:
-        """Wait, at most ``timeout_s``, for every read issued to end (a failed restore's)."""
-        deadline = time.monotonic() + timeout_s
-        for _ in range(self.count):
-            try:
-                self.events.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                return
 
 
 def read_all(
@@ -71,7 +32,6 @@ def read_all(
     progress: Callable[[int, int], None] | None = None,
     meanwhile: Callable[[], None] | None = None,
     meanwhile_bytes: int = 0,
-    issued: Issued | None = None,
 ) -> None:
     """Issue every leaf's reads, check each as it completes, and place it on its devices.
 
@@ -91,11 +51,10 @@ def read_all(
 
     ``meanwhile()``, if given, runs on this thread once every read is issued, while
     they are in flight (the small packed leaves read in bulk); its ``meanwhile_bytes``
-    count in the progress. ``issued``: the reads issued while the leaves were planned
-    (those leaves are not issued again).
+    count in the progress.
     """
-    issued = issued if issued is not None else Issued()
-    events = issued.events
+    #: (a completed read, None) or (a checked read, its check's future).
+    events: queue.SimpleQueue[tuple[RegionRead, Future[None] | None]] = queue.SimpleQueue()
     for leaf in leaves:
         leaf.defer_small = True
     # Sources that fetch late (the packs) start their reads now, every leaf known; a
@@ -104,11 +63,7 @@ def read_all(
         if hasattr(source, "fetch"):
             source.fetch()
     ordered = [leaf for leaf in leaves if not leaf.late] + [x for x in leaves if x.late]
-    remaining = issued.count + sum(
-        leaf.issue(lambda r: events.put((r, None)))
-        for leaf in ordered
-        if id(leaf) not in issued.leaves
-    )
+    remaining = sum(leaf.issue(lambda r: events.put((r, None))) for leaf in ordered)
     total = sum(leaf.nbytes for leaf in leaves) + meanwhile_bytes
     report = ProgressReport(None if progress is None else lambda b: progress(b, total), total)
     if progress is not None:

@@ -47,7 +47,7 @@ from nbckpt.engine.restore.exchange import (
 from nbckpt.engine.restore.orbax_step import restore_orbax_step
 from nbckpt.engine.restore.packed import PackedSource
 from nbckpt.engine.restore.reads import LeafRead
-from nbckpt.engine.restore.schedule import Issued, read_all
+from nbckpt.engine.restore.schedule import read_all
 from nbckpt.engine.restore.sources import source_for
 from nbckpt.engine.restore.targets import (
     check_dtype,
@@ -290,9 +290,6 @@ def _restore_nbckpt(
     leaves: list[LeafRead | BulkLeaf] = []
     # Small packed leaves are read together, without a LeafRead each (see bulk.py).
     bulk = BulkReads(source) if isinstance(source, PackedSource) else None
-    # A leaf read from its own files starts reading as soon as it is planned: the
-    # storage works while the other leaves are matched to their targets.
-    issued = Issued()
 
     def leaf_read(
         m: dict[str, Any], label: str | None, sharding: Any, dtype: Any, weak: bool, exact: bool
@@ -303,47 +300,38 @@ def _restore_nbckpt(
             taken = bulk.add(m, label, sharding, dtype, sums(m), weak)
             if taken is not None:
                 return taken
-        leaf = LeafRead(source, m, read_as, dtype, sums(m), None, shares, tag, weak, exact)
-        if shares is None:  # a region read together waits for read_all (and its release)
-            issued.issue(leaf)
-        return leaf
+        return LeafRead(source, m, read_as, dtype, sums(m), None, shares, tag, weak, exact)
 
-    try:
-        if target is None:
-            paths: list[tuple[PathEntry, ...]] = []
-            for m in meta["leaves"]:
-                sharding = default_sharding(m) if m["kind"] == "jax" else None
-                leaves.append(leaf_read(m, None, sharding, None, False, False))
-                paths.append(tuple((k, v) for k, v in m["path"]))
-        else:
-            flat, treedef = jax.tree_util.tree_flatten_with_path(target)
-            wanted: set[str] = set()
-            for keys, t in flat:
-                path = tuple(path_entry(k) for k in keys)
-                label = path_str(path)
-                name = leaf_name(path)
-                # Steps saved before names were UTF-8 encoded name non-ASCII keys otherwise.
-                m = by_name.get(name) or by_name.get(legacy_leaf_name(path))
-                if m is None:
-                    raise KeyError(
-                        f"target leaf {label} is not in {directory}; saved leaves: {_listed(meta)}"
-                    )
-                wanted.add(m["name"])
-                sharding, shape, dtype = target_parts(t)
-                if m["kind"] == "scalar" and sharding is None:
-                    shape = dtype = None  # a Python number comes back as the number it was
-                check_shape(label, m.get("shape", ()), shape)
-                weak = is_weak(t)
-                exact = check_dtype(label, m.get("dtype"), dtype, cast, weak)
-                check_sharding(label, sharding, m.get("shape", ()))
-                leaves.append(leaf_read(m, label, sharding, dtype, weak, exact))
-            if not partial:
-                _check_covered(meta, wanted)
-    except BaseException:
-        # Reads already issued write into buffers (or map files) of this restore only:
-        # they are let finish, so that none outlives the call that failed.
-        issued.settle()
-        raise
+    if target is None:
+        paths: list[tuple[PathEntry, ...]] = []
+        for m in meta["leaves"]:
+            sharding = default_sharding(m) if m["kind"] == "jax" else None
+            leaves.append(leaf_read(m, None, sharding, None, False, False))
+            paths.append(tuple((k, v) for k, v in m["path"]))
+    else:
+        flat, treedef = jax.tree_util.tree_flatten_with_path(target)
+        wanted: set[str] = set()
+        for keys, t in flat:
+            path = tuple(path_entry(k) for k in keys)
+            label = path_str(path)
+            name = leaf_name(path)
+            # Steps saved before names were UTF-8 encoded name non-ASCII keys otherwise.
+            m = by_name.get(name) or by_name.get(legacy_leaf_name(path))
+            if m is None:
+                raise KeyError(
+                    f"target leaf {label} is not in {directory}; saved leaves: {_listed(meta)}"
+                )
+            wanted.add(m["name"])
+            sharding, shape, dtype = target_parts(t)
+            if m["kind"] == "scalar" and sharding is None:
+                shape = dtype = None  # a Python number comes back as the number it was
+            check_shape(label, m.get("shape", ()), shape)
+            weak = is_weak(t)
+            exact = check_dtype(label, m.get("dtype"), dtype, cast, weak)
+            check_sharding(label, sharding, m.get("shape", ()))
+            leaves.append(leaf_read(m, label, sharding, dtype, weak, exact))
+        if not partial:
+            _check_covered(meta, wanted)
 
     def progress(done: int, total: int) -> None:
         if journal is not None:
@@ -355,7 +343,6 @@ def _restore_nbckpt(
             progress if journal is not None else None,
             None if bulk is None else bulk.read,
             0 if bulk is None else bulk.nbytes,
-            issued,
         )
         if gathered or shared:
             # Every process plans alike (same target, metadata and hosts), so all meet here.
