@@ -20,7 +20,7 @@ import numpy as np
 
 from nbckpt.engine.arrays.zarr import chunk_key
 from nbckpt.engine.restore.assemble import maker
-from nbckpt.engine.restore.protocols import Box
+from nbckpt.engine.restore.protocols import Box, index_box
 from nbckpt.engine.restore.targets import check_x64
 
 __all__ = ["BulkLayout", "Layout", "bulk_layout", "stored_dtype"]
@@ -90,7 +90,7 @@ def _layout(
     else:
         placement = sharding.addressable_devices_indices_map(shape)
         devices = list(placement)
-        boxes = [_box(index, shape) if index else whole for index in placement.values()]
+        boxes = [index_box(index, shape) if index else whole for index in placement.values()]
     parts: dict[str, tuple[str, tuple[int, ...], list[int]]] = {}
     for i, box in enumerate(boxes):
         key = _key(box, shape, grid)
@@ -105,10 +105,6 @@ def _layout(
         if devices:
             part[2].append(i)
     return (devices, boxes, list(parts.values())) if parts else None
-
-
-def _box(index: tuple[slice, ...], shape: tuple[int, ...]) -> Box:
-    return tuple(sl.indices(d)[:2] for sl, d in zip(index, shape, strict=True))
 
 
 def _key(box: Box, shape: tuple[int, ...], grid: Sequence[int]) -> str | None:

@@ -15,10 +15,15 @@ import tensorstore as ts
 
 from nbckpt.storage import Location
 
-__all__ = ["ArraySource", "Box"]
+__all__ = ["ArraySource", "Box", "index_box"]
 
 #: Where a region of a leaf lies: ``(start, stop)`` per dimension.
 Box = tuple[tuple[int, int], ...]
+
+
+def index_box(index: tuple[slice, ...], shape: tuple[int, ...]) -> Box:
+    """The :data:`Box` of a shard's index (slices, as a sharding gives them) in ``shape``."""
+    return tuple(sl.indices(d)[:2] for sl, d in zip(index, shape, strict=True))
 
 
 class ArraySource(Protocol):

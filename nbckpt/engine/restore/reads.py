@@ -35,7 +35,7 @@ from nbckpt.engine.restore import chunkfiles
 from nbckpt.engine.restore.assemble import assemble
 from nbckpt.engine.restore.hostshare import HostRegion, holder_rows
 from nbckpt.engine.restore.mapped import can_map
-from nbckpt.engine.restore.protocols import ArraySource, Box
+from nbckpt.engine.restore.protocols import ArraySource, Box, index_box
 from nbckpt.engine.restore.targets import check_x64, convert, is_weak, weaken
 from nbckpt.engine.restore.together import Together
 from nbckpt.errors import CorruptCheckpointError
@@ -80,10 +80,6 @@ def aligned_empty(shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
     raw = np.empty(nbytes + _ALIGNMENT, np.uint8)
     offset = -raw.ctypes.data % _ALIGNMENT
     return raw[offset : offset + nbytes].view(dtype).reshape(shape)
-
-
-def _index_key(index: tuple[slice, ...], shape: tuple[int, ...]) -> Box:
-    return tuple(sl.indices(d)[:2] for sl, d in zip(index, shape, strict=True))
 
 
 def _chunk_box(box: Box, shape: Sequence[int], chunks: Sequence[int]) -> Box:
@@ -236,7 +232,7 @@ class LeafRead:
                 self.devices.append((None, whole))
             else:
                 for device, index in sharding.addressable_devices_indices_map(self.shape).items():
-                    self.devices.append((device, _index_key(index, self.shape) if index else whole))
+                    self.devices.append((device, index_box(index, self.shape) if index else whole))
             boxes = [self._box(want) for _, want in self.devices]
             self._opening = opening if opening is not None else source.open(self.name, boxes)
         #: Whether a small read stays on the host until :meth:`result` assembles the
