@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import jax
@@ -95,6 +96,26 @@ def test_a_packed_step_restores_bit_exact_with_and_without_a_target(tmp_path):
     one = ck.restore(1, target={"layers": [{}, {}, {"bias": ...}]}, partial=True)
     assert _same(one["layers"][2]["bias"], want["layers"][2]["bias"])  # type: ignore[index]
     assert verify_step(tmp_path / "1") == []
+
+
+def test_restores_after_the_first_start_no_thread(tmp_path, monkeypatch):
+    # Their pools are kept (nbckpt.pools): making threads anew cost a small restore more
+    # than reading its checksums files. The step holds a pack, a chunk file and checks.
+    _save(tmp_path)
+    ck = AsyncCheckpointer(tmp_path)
+    ck.restore(1)
+    started: list[str] = []
+    start = threading.Thread.start
+
+    def counted(self: threading.Thread) -> None:
+        started.append(self.name)
+        start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", counted)
+    for _ in range(3):
+        out = ck.restore(1)
+        assert _same(out["big"], _state()["big"])
+    assert started == []
 
 
 def test_pack_bytes_zero_keeps_every_leaf_an_array_orbax_can_read(tmp_path):

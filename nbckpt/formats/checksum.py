@@ -24,7 +24,6 @@ import json
 import os
 import zlib
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from typing import Any
 
@@ -33,6 +32,7 @@ import numpy as np
 from nbckpt import storage
 from nbckpt.formats.layout import CHECKSUMS_DIR
 from nbckpt.formats.packs import PACK_KEY, PackIndex, parse_pack
+from nbckpt.pools import LazyPool
 
 __all__ = [
     "ALGORITHMS",
@@ -58,6 +58,10 @@ ALGORITHM_KEY = "#algorithm"
 
 #: Leaf name -> zarr chunk key -> (algorithm, checksum), merged over every process.
 Recorded = dict[str, dict[str, tuple[str, int]]]
+
+#: Reads the checksums files of a step (see :func:`read_checksums`), kept from one
+#: step to the next: making the threads anew cost a restore more than reading them.
+_reading = LazyPool(16, "nbckpt-read-sums")
 
 #: Pieces for the copying CRC-32C fallback: each copy stays small and, being at least
 #: 1 MiB, lets google_crc32c release the GIL while it runs.
@@ -215,9 +219,8 @@ def read_checksums(
     if not files:
         return None
     # One request per process's file; on an object store each is a round trip, so they
-    # are all in flight at once (a thread each, at most 16).
-    with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
-        texts = list(pool.map(lambda f: f.read_text(encoding="utf-8"), files))
+    # are all in flight at once (at most 16), on threads kept for the next step's.
+    texts = list(_reading.get().map(lambda f: f.read_text(encoding="utf-8"), files))
     merged: Recorded = {}
     for path, text in zip(files, texts, strict=True):
         data = json.loads(text)

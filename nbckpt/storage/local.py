@@ -11,13 +11,18 @@ import os
 import re
 import shutil
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from nbckpt.pools import LazyPool
 
 __all__ = ["file_system", "fsync_dir", "remove_tree", "write_all_durable", "write_durable"]
 
 #: Concurrent fsyncs of one batch: enough for the file system to group them.
 _FSYNC_THREADS = 16
+
+#: Kept from one batch to the next: a save's claim and its commit each sync a batch,
+#: and making their threads anew cost more than the fsyncs of a small save's records.
+_fsyncing = LazyPool(_FSYNC_THREADS, "nbckpt-fsync")
 
 
 def write_durable(path: Path, data: bytes) -> None:
@@ -52,9 +57,9 @@ def write_all_durable(
     targets = [(f, True) for f in [*files, *synced_too]] + [(d, False) for d in dirs]
     if not targets:
         return
-    with ThreadPoolExecutor(min(_FSYNC_THREADS, len(targets))) as pool:
-        for done in [pool.submit(_fsync_path, t, is_file) for t, is_file in targets]:
-            done.result()
+    pool = _fsyncing.get()
+    for done in [pool.submit(_fsync_path, t, is_file) for t, is_file in targets]:
+        done.result()
 
 
 def _fsync_path(path: Path, is_file: bool) -> None:

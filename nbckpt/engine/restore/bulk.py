@@ -34,7 +34,7 @@ import collections
 import contextlib
 import os
 from collections.abc import Callable, Generator, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +50,7 @@ from nbckpt.errors import CorruptCheckpointError
 from nbckpt.formats import checksum as _checksum
 from nbckpt.formats.checksum import crc32c_extend
 from nbckpt.formats.packs import PackedChunk
+from nbckpt.pools import LazyPool
 
 __all__ = [
     "FIRST_STRETCH_BYTES",
@@ -75,6 +76,10 @@ FIRST_STRETCH_BYTES = 2 << 20
 GAP_BYTES = 64 << 10
 #: How many stretches are read ahead of the one being checked and placed.
 READ_AHEAD = 2
+
+#: The read-ahead thread (one: it alone opens a restore's packs), kept from one
+#: restore to the next (see :mod:`nbckpt.pools`).
+_reading = LazyPool(1, "nbckpt-pack-read")
 
 
 @dataclass(slots=True)
@@ -259,7 +264,7 @@ class BulkReads:
         files: dict[str, int] = {}
         plan = list(_stretches(parts))
         mapping = can_map(str(self.source.directory))
-        pool = ThreadPoolExecutor(1, thread_name_prefix="nbckpt-pack-read")
+        pool = _reading.get()
         ahead: collections.deque[Future[tuple[np.ndarray, list[int | None]]]] = collections.deque()
         try:
             for i, (_, start, _, group) in enumerate(plan):
@@ -271,7 +276,7 @@ class BulkReads:
         finally:
             for fut in ahead:
                 fut.cancel()
-            pool.shutdown(wait=True)  # no read is left running on a closed descriptor
+            wait(ahead)  # no read is left running on a closed descriptor
             for fd in files.values():
                 os.close(fd)
 

@@ -45,10 +45,10 @@ import numpy as np
 import tensorstore as ts
 
 from nbckpt.engine.arrays.zarr import chunk_key, chunk_regions
-from nbckpt.engine.pools import LazyPool
 from nbckpt.engine.restore.mapped import map_range
 from nbckpt.engine.restore.protocols import Box
 from nbckpt.formats.checksum import crc32c_extend
+from nbckpt.pools import LazyPool
 
 __all__ = [
     "MAP_MIN_BYTES",

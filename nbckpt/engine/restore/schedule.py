@@ -14,10 +14,11 @@ import functools
 import os
 import queue
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 
 from nbckpt.engine.progress import ProgressReport
 from nbckpt.engine.restore.reads import SMALL_READ_BYTES, LeafRead, RegionRead
+from nbckpt.pools import LazyPool
 
 __all__ = ["read_all"]
 
@@ -25,6 +26,9 @@ __all__ = ["read_all"]
 #: fast storage (CRC-32C runs at several GB/s per core), few enough to leave the cores
 #: to the processes that share the host.
 _VERIFY_THREADS = max(1, min(4, (os.cpu_count() or 1) // 2))
+
+#: Kept from one restore to the next (see :mod:`nbckpt.pools`).
+_verifying = LazyPool(_VERIFY_THREADS, "nbckpt-verify")
 
 
 def read_all(
@@ -70,7 +74,8 @@ def read_all(
         progress(0, total)
     pool = None
     if remaining > 1 and any(leaf.recorded is not None for leaf in leaves):
-        pool = ThreadPoolExecutor(_VERIFY_THREADS, thread_name_prefix="nbckpt-verify")
+        pool = _verifying.get()
+    checks: list[Future[None]] = []
     try:
         if meanwhile is not None:
             meanwhile()
@@ -86,6 +91,7 @@ def read_all(
             ):
                 checking = pool.submit(read.leaf.check, read)
                 checking.add_done_callback(functools.partial(_checked, events, read))
+                checks.append(checking)
                 continue
             if checked is None:
                 read.leaf.check(read)
@@ -100,9 +106,9 @@ def read_all(
         for source in {id(leaf.source): leaf.source for leaf in leaves}.values():
             if hasattr(source, "close"):
                 source.close()  # the packs it opened
-        if pool is not None:
-            # After a failure the reads and checks still running are of no use.
-            pool.shutdown(wait=False, cancel_futures=True)
+        # After a failure the checks not yet started are of no use (the pool is shared).
+        for checking in checks:
+            checking.cancel()
 
 
 def _checked(

@@ -19,7 +19,7 @@ checksums, so those reads are not checked. What a target asks for, and its check
 from __future__ import annotations
 
 import math
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait
 from typing import Any, Protocol
 
 import jax
@@ -63,6 +63,7 @@ from nbckpt.formats.layout import CHECKSUMS_DIR, metadata_path, read_metadata
 from nbckpt.formats.packs import PackIndex, is_packed
 from nbckpt.formats.registry import StepFormat, layout_of
 from nbckpt.journal import JournalWriter
+from nbckpt.pools import LazyPool
 from nbckpt.protocol import Event
 from nbckpt.storage import Location
 
@@ -85,6 +86,10 @@ class _StepReader(Protocol):
         partial: bool,
     ) -> Any: ...
 
+
+#: Reads a step's checksums files while the restore reads its metadata; kept from one
+#: restore to the next (see :mod:`nbckpt.pools`).
+_early = LazyPool(1, "nbckpt-checksums")
 
 #: How many leaves a message lists before it says how many more there are.
 _LISTED = 8
@@ -232,9 +237,9 @@ def _restore_nbckpt(
             "Orbax CheckpointManager steps only"
         )
     packs: PackIndex = {}
-    with ThreadPoolExecutor(1, thread_name_prefix="nbckpt-checksums") as early:
-        # Checked, the checksums are read while the metadata is: two cold reads at once.
-        sums_read = early.submit(_recorded, directory, packs) if verify else None
+    # Checked, the checksums are read while the metadata is: two cold reads at once.
+    sums_read = _early.get().submit(_recorded, directory, packs) if verify else None
+    try:
         meta = read_metadata(directory)
         if meta is None:
             raise CheckpointDataError(
@@ -245,6 +250,9 @@ def _restore_nbckpt(
         read = _recorded(directory, packs) if sums_read is None and needed else None
         if sums_read is not None:
             read = sums_read.result()
+    finally:
+        if sums_read is not None:
+            wait([sums_read])  # a failed restore leaves no read of its step behind
     by_name = {m["name"]: m for m in meta["leaves"]}
     recorded = read if verify else None
     source = source_for(directory, meta, packs)

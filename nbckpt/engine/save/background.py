@@ -20,7 +20,6 @@ from typing import Any
 
 from nbckpt.engine import hooks
 from nbckpt.engine.arrays.array_format import ArrayFormat, Zarr2Arrays
-from nbckpt.engine.pools import LazyPool
 from nbckpt.engine.save.advice import reason
 from nbckpt.engine.save.commit import CommitStrategy
 from nbckpt.engine.save.hostmem import Loan
@@ -49,6 +48,7 @@ from nbckpt.formats.layout import (
 )
 from nbckpt.formats.retention import RetentionPolicy
 from nbckpt.journal import JournalWriter, summarize_quietly
+from nbckpt.pools import LazyPool
 from nbckpt.protocol import (
     DECISION_KEY,
     Barrier,

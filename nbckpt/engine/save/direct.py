@@ -50,7 +50,7 @@ from pathlib import Path
 
 import numpy as np
 
-from nbckpt.engine.pools import LazyPool
+from nbckpt.pools import LazyPool
 from nbckpt.storage.local import file_system
 
 __all__ = [
