@@ -98,11 +98,14 @@ def test_a_packed_step_restores_bit_exact_with_and_without_a_target(tmp_path):
     assert verify_step(tmp_path / "1") == []
 
 
-def test_restores_after_the_first_start_no_thread(tmp_path, monkeypatch):
+def test_saves_and_restores_after_the_first_start_no_thread_but_the_saves_own(
+    tmp_path, monkeypatch
+):
     # Their pools are kept (nbckpt.pools): making threads anew cost a small restore more
-    # than reading its checksums files. The step holds a pack, a chunk file and checks.
-    _save(tmp_path)
+    # than reading its checksums files. A step holds a pack, a chunk file and checks.
     ck = AsyncCheckpointer(tmp_path)
+    ck.save(1, _state())
+    ck.wait_until_finished()
     ck.restore(1)
     started: list[str] = []
     start = threading.Thread.start
@@ -112,10 +115,19 @@ def test_restores_after_the_first_start_no_thread(tmp_path, monkeypatch):
         start(self)
 
     monkeypatch.setattr(threading.Thread, "start", counted)
-    for _ in range(3):
-        out = ck.restore(1)
+    for step in (2, 3):
+        ck.save(step, _state())
+        ck.wait_until_finished()
+        out = ck.restore(step)
         assert _same(out["big"], _state()["big"])
-    assert started == []
+    # Each save's background job; and a kept pool may still grow, up to its size, when
+    # a batch of fsyncs finds its threads busy.
+    assert [n for n in started if n.startswith("nbckpt-save-")] == [
+        "nbckpt-save-2",
+        "nbckpt-save-3",
+    ]
+    grown = [n for n in started if not n.startswith("nbckpt-save-")]
+    assert all(n.startswith("nbckpt-fsync_") and int(n.split("_")[1]) < 16 for n in grown), grown
 
 
 def test_pack_bytes_zero_keeps_every_leaf_an_array_orbax_can_read(tmp_path):

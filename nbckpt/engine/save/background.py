@@ -13,7 +13,7 @@ import json
 import os
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,6 +65,9 @@ __all__ = ["SaveJob", "cut_off", "fail", "failures"]
 
 #: Where the primary prepares its finalize while its own shards are written.
 _finalizing = LazyPool(1, "nbckpt-finalize")
+#: Where a process writes its checksums file while its chunks are still written; two
+#: threads, as for the packs (:data:`nbckpt.engine.save.writer._packing`).
+_summing = LazyPool(2, "nbckpt-checksums-write")
 
 
 def committed_by(final: Location, op: str) -> bool:
@@ -340,8 +343,8 @@ class SaveJob:
 
         # The checksums are known once every chunk write is issued: their file is
         # written and fsync'd while the chunks still are, not after them.
-        with ThreadPoolExecutor(1, thread_name_prefix="nbckpt-checksums") as pool:
-            sums_written: list[Future[None]] = []
+        sums_written: list[Future[None]] = []
+        try:
             written = self.arrays.write(
                 work,
                 self.snap,
@@ -349,12 +352,14 @@ class SaveJob:
                 progress=lambda b: self.journal.emit(Event.WRITE_PROGRESS, bytes=b),
                 watch=watch,
                 checksums=checksums,
-                issued=lambda: sums_written.append(pool.submit(write_sums)),
+                issued=lambda: sums_written.append(_summing.get().submit(write_sums)),
             )
             if sums_written:
                 sums_written[0].result()
             else:
                 write_sums()
+        finally:
+            wait(sums_written)  # a failed write leaves no file being written behind
         self.journal.emit(Event.WRITE_DONE, bytes=written)
 
     def _decide(self, outcome: str) -> None:

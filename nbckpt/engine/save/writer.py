@@ -9,7 +9,6 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, cast
 
@@ -30,6 +29,7 @@ from nbckpt.engine.save import direct as _direct
 from nbckpt.engine.save.snapshot import Snapshot
 from nbckpt.formats import checksum as _checksum
 from nbckpt.formats.packs import PACK_ALIGN, PACK_KEY, is_packed, pack_entry, pack_file
+from nbckpt.pools import LazyPool
 from nbckpt.storage import Location
 
 __all__ = [
@@ -294,7 +294,7 @@ class _Pack:
     ) -> Any:
         """Start writing the pack (fsync'd before the returned future completes).
 
-        A local file is written on a thread of its own, piece by piece from the
+        A local file is written on a thread of :data:`_packing`, piece by piece from the
         snapshot's buffers (no copy of the packed bytes is made) or, if ``direct``,
         copied a buffer at a time and written from there with ``O_DIRECT``
         (:func:`~nbckpt.engine.save.direct.write_gathered`); ``progress`` gets each
@@ -302,16 +302,12 @@ class _Pack:
         durable). An object is one request, of their concatenation.
         """
         if isinstance(directory, Path):
-            pool = ThreadPoolExecutor(1, thread_name_prefix="nbckpt-pack")
             path = directory / pack_file(process)
-            try:
-                if direct:
-                    return pool.submit(
-                        _direct.write_gathered, path, self.parts, self.nbytes, progress
-                    )
-                return pool.submit(self._write_file, path, progress)
-            finally:
-                pool.shutdown(wait=False)
+            if direct:
+                return _packing.get().submit(
+                    _direct.write_gathered, path, self.parts, self.nbytes, progress
+                )
+            return _packing.get().submit(self._write_file, path, progress)
         # One buffer of the packed bytes, filled in place: joining ``tobytes()`` copies
         # held a second copy of them all while it ran.
         blob = bytearray(self.nbytes)
@@ -346,6 +342,11 @@ class _Pack:
 
 #: How long a failed write waits for the chunk writes it had issued to settle.
 SETTLE_TIMEOUT_S = 60.0
+
+#: Writes the saves' packs, one a save, on threads kept from one save to the next (see
+#: :mod:`nbckpt.pools`); two, so that checkpointers of two roots saving at once in one
+#: process do not wait for each other.
+_packing = LazyPool(2, "nbckpt-pack")
 
 
 def _settle(pending: list[tuple[Any, int]], timeout_s: float = SETTLE_TIMEOUT_S) -> None:
