@@ -4,10 +4,12 @@ A pool is made when first asked for, not at import: a process that never reads o
 writes a step starts no threads. Once made, its threads serve one operation after
 another: a restore used to make seven and a save's commit up to sixteen, and on a
 2-core machine shared by 4 processes making four threads cost 1.5 ms of CPU, more
-than the reads they were made for. A task given to a shared pool must never wait
-for another task of any pool, or for another operation: it would hold a thread
-that the one it waits for may need. A child made by ``fork`` has none of its
-parent's threads, so it forgets the pool and makes its own.
+than the reads they were made for. A task given to a shared pool must not wait for
+a task of its own pool, nor for anything another operation does: it would hold a
+thread that what it waits for may need. (The restore's early reader of the
+checksums files waits for the reads it gives another pool, whose tasks wait for
+nothing.) A child made by ``fork`` has none of its parent's threads, so it forgets
+the pool and makes its own.
 """
 
 from __future__ import annotations
