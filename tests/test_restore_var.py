@@ -34,3 +34,18 @@ def test_a_variable_of_another_dtype_is_refused_and_left_as_it_was(
     assert out["error"] is not None and words in out["error"], out
     assert "\n" not in out["error"]
     assert out["unchanged"]
+
+
+@pytest.mark.multihost
+def test_keyed_restores_and_rollbacks_are_matched_by_key_not_by_the_order_of_calls(
+    group2, tmp_path: Path
+) -> None:
+    # The notebook sends every call a key so that a call that reached only some engines
+    # cannot put them out of step; a restore and a rollback used to drop it.
+    outs = group2.run(f"{T}:out_of_step", str(tmp_path))
+    for out in outs:
+        assert out["error"] is None, out
+        start = out["index"] or 0
+        assert out["w"] == list(range(start, start + 4))
+        assert out["removed"] == [2]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.isdigit()) == ["1"]

@@ -163,16 +163,20 @@ class AsyncCheckpointer(CheckpointSaver):
         self.options = dataclasses.replace(self.options, tiers=tiers)
         self._tier = LocalTier(tiers, self.root) if tiers.local_dir else None
 
-    def prune_after(self, step: int, *, timeout_s: float | None = None) -> list[int]:
+    def prune_after(
+        self, step: int, *, timeout_s: float | None = None, key: str | None = None
+    ) -> list[int]:
         """Delete every complete step newer than ``step``, and return them: a rollback.
 
         A save older than the newest step is refused; call this first, on every
         process. Only nbckpt's steps are removed (each crash-safely), never Orbax's.
+        ``key`` is as for :meth:`save`: the processes' calls are matched by it rather
+        than by their order.
         """
         self._settle()
         timeout = check_timeout(timeout_s or self.options.timeout_s, "timeout_s")
         return prune_everywhere(
-            self._ctx.sync, self.root, self.options.primary, _check_step(step), timeout
+            self._ctx.sync, self.root, self.options.primary, _check_step(step), timeout, key
         )
 
     def reached_preemption(self, step: int) -> bool:

@@ -78,7 +78,7 @@ def restore_agreed(
         extra = {**tier.post(ctx.sync.client, ctx.primary, timeout), "holdings": holdings}
     wanted = step
     op, step = ctx.preflight.agree(
-        Kind.RESTORE, step, timeout, local, extra=extra, missing_ok=tier is not None
+        Kind.RESTORE, step, timeout, local, key=key, extra=extra, missing_ok=tier is not None
     )
     choice = None
     if tier is not None:

@@ -10,7 +10,6 @@ named (``"nbckpt.engine.remote.agent:save_var"``) and imported on the engines.
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,7 +30,14 @@ from nbckpt.session.cluster import JaxCluster
 from nbckpt.session.faults import arm_fault
 from nbckpt.session.handles import BarrierReport, SaveHandle
 from nbckpt.session.policies import RootPolicies
-from nbckpt.session.rpc import AGENT, ENGINE_DIED, engine_errors, errors_by_process, remote
+from nbckpt.session.rpc import (
+    AGENT,
+    ENGINE_DIED,
+    call_key,
+    engine_errors,
+    errors_by_process,
+    remote,
+)
 
 __all__ = [
     "BarrierReport",
@@ -40,15 +46,6 @@ __all__ = [
     "SaveHandle",
     "announce_root",
 ]
-
-
-def _call_key() -> str:
-    """A fresh id for one collective call, sent to every engine.
-
-    Engines match the parts of one call by this id rather than by counting calls,
-    so a call that failed on only some engines cannot put them out of step.
-    """
-    return uuid.uuid4().hex[:16]
 
 
 def _interactive(fn: Any) -> Any:
@@ -101,7 +98,7 @@ def _start_on_engines(
         _interactive(_in_namespace),
         f"{AGENT}:save_var",
         args,
-        {**options, "key": _call_key()},
+        {**options, "key": call_key()},
         timeout_s=options["timeout_s"] + 60,
     )
     errors = {rank: res for rank, (ok, res) in enumerate(outcomes) if not ok}
@@ -146,7 +143,7 @@ def _run_barrier(
             timeout_s=timeout_s,
             processes=processes,
             root=root,
-            key=key or _call_key(),
+            key=key or call_key(),
         ).get(timeout=timeout_s + 30)
     except (ipp.error.RemoteError, ipp.error.EngineError) as e:  # CompositeError too
         raise engine_errors(e, cluster.ranks, f"barrier {name!r}") from None
@@ -344,7 +341,7 @@ class CheckpointClient(RootPolicies):
             f"{AGENT}:restore_var",
             (var, root, step),
             {
-                "key": _call_key(),
+                "key": call_key(),
                 "timeout_s": timeout_s,
                 "item": item,
                 "acknowledged": tuple(sorted(self._acknowledged)),

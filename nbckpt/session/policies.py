@@ -11,7 +11,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from nbckpt.formats.retention import RetentionPolicy
-from nbckpt.session.rpc import AGENT
+from nbckpt.session.rpc import AGENT, call_key
 from nbckpt.session.tiers import TiersView, apply_tiers, tier_fields
 
 if TYPE_CHECKING:
@@ -103,6 +103,6 @@ class RootPolicies:
         self.cluster.check_alive()
         root = self.root(directory)
         removed = self.cluster.apply(
-            f"{AGENT}:rollback", root, step, what="rollback", timeout_s=120
+            f"{AGENT}:rollback", root, step, what="rollback", timeout_s=120, key=call_key()
         )
         return [int(s) for s in removed[0]]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +28,7 @@ __all__ = [
     "collect",
     "engine_errors",
     "errors_by_process",
+    "call_key",
     "last_line",
     "remote",
     "send",
@@ -43,6 +45,15 @@ ENGINE_DIED = "EngineError: the engine died (its process exited)"
 
 #: One engine's outcome: ``(True, result)`` or ``(False, one line of error)``.
 Outcome = tuple[bool, Any]
+
+
+def call_key() -> str:
+    """A fresh id for one collective call, sent to every engine.
+
+    Engines match the parts of one call by this id rather than by counting calls,
+    so a call that failed on only some engines cannot put them out of step.
+    """
+    return uuid.uuid4().hex[:16]
 
 
 def call(ref: str, *args: Any, **kwargs: Any) -> Any:

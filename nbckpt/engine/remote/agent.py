@@ -179,13 +179,16 @@ def set_tiers(root: str, tiers: dict[str, Any] | None) -> dict[str, Any]:
     }
 
 
-def rollback(root: str, step: int, *, timeout_s: float = DEFAULT_SAVE_TIMEOUT_S) -> list[int]:
+def rollback(
+    root: str, step: int, *, key: str | None = None, timeout_s: float = DEFAULT_SAVE_TIMEOUT_S
+) -> list[int]:
     """Delete ``root``'s complete nbckpt steps newer than ``step``; return them.
 
     Every process calls it (see ``AsyncCheckpointer.prune_after``); a save in flight
-    to that root finishes first.
+    to that root finishes first. ``key`` is the caller's unique id of this call.
     """
-    return _checkpointer(root).prune_after(step, timeout_s=check_timeout(timeout_s, "timeout_s"))
+    timeout = check_timeout(timeout_s, "timeout_s")
+    return _checkpointer(root).prune_after(step, timeout_s=timeout, key=key)
 
 
 def should_save(root: str, step: int) -> bool:

@@ -66,15 +66,21 @@ def prune_after(root: Location, step: int) -> list[int]:
 
 
 def prune_everywhere(
-    sync: Synchronizer, root: Location, primary: int, step: int, timeout_s: float
+    sync: Synchronizer,
+    root: Location,
+    primary: int,
+    step: int,
+    timeout_s: float,
+    key: str | None = None,
 ) -> list[int]:
     """Every process: the primary runs :func:`prune_after`; all return what it removed.
 
     Every process of the job must call it (as with a save). The primary's outcome is
     shared, so that a failure raises on every process, and none goes on to save before
-    the newer steps are gone.
+    the newer steps are gone. Given a ``key`` (unique to the call, the same on every
+    process), the calls are matched by it, else by their order.
     """
-    seq = f"prune{next_sequence()}"
+    seq = f"prune-key-{key}" if key is not None else f"prune{next_sequence()}"
     answer: dict[str, Any] = {}
     if sync.process_index == primary:
         try:
