@@ -311,6 +311,25 @@ def agent_save_missing_on(root: str, step: int, missing_on: int) -> dict[str, An
     return {"error": None, "seconds": time.time() - t0}
 
 
+def agent_reused_key(root: str) -> dict[str, Any]:
+    """A save under a key that an earlier save used, then one under a fresh key."""
+    from nbckpt.engine.remote import agent
+
+    ns = {"state": make_state(1)}
+    agent.save_var(ns, "state", 1, root, timeout_s=30, key="reused")
+    agent._checkpointer(root).wait_until_finished()
+    out: dict[str, Any] = {}
+    try:
+        agent.save_var(ns, "state", 2, root, timeout_s=30, key="reused")
+        agent._checkpointer(root).wait_until_finished()
+        out["again"] = None
+    except Exception as e:
+        out["again"] = f"{type(e).__name__}: {e}"
+    agent.save_var(ns, "state", 3, root, timeout_s=30, key="fresh")
+    agent._checkpointer(root).wait_until_finished()
+    return out
+
+
 def agent_two_saves(root: str, step: int) -> list[str | None]:
     """Two saves of one step back to back with different options, as two cells would."""
     from nbckpt.engine.remote import agent

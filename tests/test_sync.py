@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from nbckpt.engine.sync.barriers import InProcessClient, Synchronizer
+from nbckpt.engine.sync.barriers import InProcessClient, Synchronizer, claim_key
 from nbckpt.engine.sync.clients import CoordinationServiceClient
 from nbckpt.errors import BarrierTimeoutError, PeerDeadError, PeerFailedError
 from nbckpt.protocol import barrier_key
@@ -317,3 +317,10 @@ def test_a_fast_barrier_past_its_deadline_goes_on_over_the_store():
     with pytest.raises(_WentToStoreError):
         sync.barrier("op", "b", timeout_s=30)
     assert service.calls == [(barrier_key("op", "b") + "/fast", 1000)]
+
+
+def test_a_callers_key_serves_one_call_of_each_kind():
+    claim_key("save or restore", "onecall")
+    claim_key("barrier", "onecall")  # another kind of call: its records are named apart
+    with pytest.raises(ValueError, match=r"key 'onecall' was already used by an earlier save"):
+        claim_key("save or restore", "onecall")

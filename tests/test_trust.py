@@ -192,6 +192,19 @@ def test_a_variable_missing_on_one_process_fails_every_process_at_once(
 
 
 @pytest.mark.multihost
+def test_a_key_used_again_is_refused_at_once_on_every_process(group2, tmp_path: Path) -> None:
+    # A key names a call's records at the service; a second save under it met the
+    # first's there: one process reported it done while the other waited it out.
+    root = str(tmp_path / "root")
+    outs = group2.run(f"{T}:agent_reused_key", root)
+    for out in outs:
+        assert out["again"].startswith("ValueError: key 'reused' was already used"), out
+        assert "\n" not in out["again"]
+    assert all_steps(root) == [1, 3]
+    assert not [p.name for p in Path(root).iterdir() if p.name.startswith("2")]
+
+
+@pytest.mark.multihost
 def test_saves_to_one_root_never_overlap_whatever_their_options(group2, tmp_path: Path) -> None:
     root = str(tmp_path / "root")
     errors = group2.run(f"{T}:agent_two_saves", root, 5)

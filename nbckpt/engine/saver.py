@@ -78,7 +78,8 @@ class CheckpointSaver(CheckpointReader):
         key
             A string unique to this call and the same on every process (a driver such
             as the notebook client passes one). Without it, calls are matched across
-            processes by their order, so every process must make the same calls.
+            processes by their order, so every process must make the same calls. A key
+            this process used for an earlier save or restore is refused (``ValueError``).
         mode, timeout_s, format, pack_bytes
             Override this checkpointer's defaults for this save (``format`` and
             ``pack_bytes``: see :class:`CheckpointerOptions`; ``pack_bytes=0`` stores

@@ -10,7 +10,6 @@ shows the traceback of the last one.
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -24,6 +23,7 @@ from nbckpt.magics.inspection import LINE_MAGICS, InspectionMagics
 from nbckpt.magics.rollback import ROLLBACK, parse_rollback_args
 from nbckpt.magics.tiers import TIER_MAGICS, TierMagics
 from nbckpt.session.client import CheckpointClient, SaveHandle, announce_root
+from nbckpt.session.rpc import call_key
 
 __all__ = ["NbckptMagics", "get_client", "load_ipython_extension"]
 
@@ -177,7 +177,7 @@ class NbckptMagics(InspectionMagics, TierMagics):
         """
         args = a.parse_barrier_args(line)
         client = self._client()
-        key = uuid.uuid4().hex[:16]  # the caller picks the key, to follow the journal
+        key = call_key()  # the caller picks the key, to follow the journal
         journaled = self.views.follow_barrier(client.directory, args.name, key)
         try:
             with usage_errors():

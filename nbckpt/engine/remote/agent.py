@@ -16,7 +16,12 @@ from nbckpt import storage
 from nbckpt.engine import faults
 from nbckpt.engine.checkpointer import AsyncCheckpointer
 from nbckpt.engine.sync import health
-from nbckpt.engine.sync.barriers import Synchronizer, default_client, next_sequence
+from nbckpt.engine.sync.barriers import (
+    Synchronizer,
+    claim_key,
+    default_client,
+    next_sequence,
+)
 from nbckpt.engine.sync.process import info, initialize, pick_port, shutdown  # re-exported
 from nbckpt.errors import CheckpointError
 from nbckpt.formats.retention import RetentionPolicy
@@ -283,6 +288,7 @@ def barrier(
     if key is not None:
         if not key.isalnum():  # the journal's op id is split at the first "-" after it
             raise ValueError(f"barrier key must be letters and digits, got {key!r}")
+        claim_key("barrier", key)
         ident = key
     else:
         subset = "" if processes is None else "p" + ".".join(map(str, processes))

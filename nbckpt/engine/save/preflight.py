@@ -27,7 +27,7 @@ from nbckpt.engine.save.agreement import decision_of, disagreement, plan_digest
 from nbckpt.engine.save.commit import CommitStrategy
 from nbckpt.engine.save.prune import records
 from nbckpt.engine.sync import hostbarrier
-from nbckpt.engine.sync.barriers import Synchronizer, next_sequence
+from nbckpt.engine.sync.barriers import Synchronizer, claim_key, next_sequence
 from nbckpt.errors import (
     CommitRefusedError,
     DisagreementError,
@@ -194,6 +194,8 @@ class Preflight:
         every process's :attr:`extras`. With ``missing_ok``, a restore whose step the
         root lacks agrees on step None instead of failing: the local tier decides.
         """
+        if key is not None:
+            claim_key("save or restore", key)
         seq = f"key-{key}" if key is not None else f"seq{next_sequence()}"
         me = self.sync.process_index
         # The primary names the operation first: its claim on the step records it.

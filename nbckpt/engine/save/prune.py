@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from nbckpt.engine.save.advice import reason
-from nbckpt.engine.sync.barriers import Synchronizer, next_sequence
+from nbckpt.engine.sync.barriers import Synchronizer, claim_key, next_sequence
 from nbckpt.errors import JobError
 from nbckpt.formats.layout import FORMAT, all_steps, read_metadata, remove_aside, step_dir
 from nbckpt.formats.retention import RetentionPolicy, StepRecord
@@ -80,6 +80,8 @@ def prune_everywhere(
     the newer steps are gone. Given a ``key`` (unique to the call, the same on every
     process), the calls are matched by it, else by their order.
     """
+    if key is not None:
+        claim_key("rollback", key)
     seq = f"prune-key-{key}" if key is not None else f"prune{next_sequence()}"
     answer: dict[str, Any] = {}
     if sync.process_index == primary:

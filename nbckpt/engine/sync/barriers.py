@@ -44,6 +44,7 @@ __all__ = [
     "InProcessClient",
     "SignalingClient",
     "Synchronizer",
+    "claim_key",
     "default_client",
     "next_sequence",
     "wait_slice",
@@ -84,6 +85,34 @@ def next_sequence(processes: Sequence[int] | None = None) -> int:
     with _sequence_lock:
         counter = _sequences.setdefault(scope, itertools.count())
         return next(counter)
+
+
+#: The callers' keys this process has used, by kind of call (see :func:`claim_key`).
+_claimed_keys: set[tuple[str, str]] = set()
+
+
+def claim_key(kind: str, key: str) -> None:
+    """Take the caller's ``key`` for one call of ``kind`` (``"save or restore"``, say).
+
+    A key names a call's records at the coordination service, which outlive the call:
+    a second call under the same key would meet the first one's arrivals and decision
+    there and go on with them (a save then reported done on one process while the
+    others waited for it). So each key serves one call of a process.
+
+    Raises
+    ------
+    ValueError
+        If this process used ``key`` for an earlier call of ``kind``. Every process
+        makes the same calls, so every process refuses it alike, before any exchange.
+    """
+    with _sequence_lock:
+        if (kind, key) in _claimed_keys:
+            raise ValueError(
+                f"key {key!r} was already used by an earlier {kind} of this process: a key "
+                "names one call (its records at the coordination service outlive it); "
+                "give each call a key of its own"
+            )
+        _claimed_keys.add((kind, key))
 
 
 class Synchronizer:
