@@ -162,7 +162,10 @@ def test_async_checkpointer_public_methods_are_pinned(tmp_path):
         "check_for_errors": "(self) -> 'None'",
         "close": "(self) -> 'None'",
         "in_flight": "(self) -> 'bool'",
-        "prune_after": "(self, step: 'int', *, timeout_s: 'float | None' = None) -> 'list[int]'",
+        "prune_after": (
+            "(self, step: 'int', *, timeout_s: 'float | None' = None, key: 'str | None' = None)"
+            " -> 'list[int]'"
+        ),
         "reached_preemption": "(self, step: 'int') -> 'bool'",
         "restore": "(self, step: 'int | None' = None, target: 'Any' = None, *, "
         "key: 'str | None' = None, timeout_s: 'float | None' = None, cast: 'bool' = False, "

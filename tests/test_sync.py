@@ -319,8 +319,10 @@ def test_a_fast_barrier_past_its_deadline_goes_on_over_the_store():
     assert service.calls == [(barrier_key("op", "b") + "/fast", 1000)]
 
 
-def test_a_callers_key_serves_one_call_of_each_kind():
-    claim_key("save or restore", "onecall")
-    claim_key("barrier", "onecall")  # another kind of call: its records are named apart
+def test_a_callers_key_serves_one_call_of_each_kind_per_process():
+    me, peer = InProcessClient(0, 2), InProcessClient(1, 2)
+    claim_key(me, "save or restore", "onecall")
+    claim_key(me, "barrier", "onecall")  # another kind of call: its records are named apart
+    claim_key(peer, "save or restore", "onecall")  # another (simulated) process
     with pytest.raises(ValueError, match=r"key 'onecall' was already used by an earlier save"):
-        claim_key("save or restore", "onecall")
+        claim_key(me, "save or restore", "onecall")

@@ -288,7 +288,7 @@ def barrier(
     if key is not None:
         if not key.isalnum():  # the journal's op id is split at the first "-" after it
             raise ValueError(f"barrier key must be letters and digits, got {key!r}")
-        claim_key("barrier", key)
+        claim_key(sync.client, "barrier", key)
         ident = key
     else:
         subset = "" if processes is None else "p" + ".".join(map(str, processes))

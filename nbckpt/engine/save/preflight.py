@@ -195,7 +195,7 @@ class Preflight:
         root lacks agrees on step None instead of failing: the local tier decides.
         """
         if key is not None:
-            claim_key("save or restore", key)
+            claim_key(self.sync.client, "save or restore", key)
         seq = f"key-{key}" if key is not None else f"seq{next_sequence()}"
         me = self.sync.process_index
         # The primary names the operation first: its claim on the step records it.

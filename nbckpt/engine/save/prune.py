@@ -81,7 +81,7 @@ def prune_everywhere(
     process), the calls are matched by it, else by their order.
     """
     if key is not None:
-        claim_key("rollback", key)
+        claim_key(sync.client, "rollback", key)
     seq = f"prune-key-{key}" if key is not None else f"prune{next_sequence()}"
     answer: dict[str, Any] = {}
     if sync.process_index == primary:

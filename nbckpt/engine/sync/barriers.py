@@ -25,6 +25,7 @@ import contextlib
 import itertools
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 
 from nbckpt.engine.sync import hostbarrier
@@ -87,32 +88,35 @@ def next_sequence(processes: Sequence[int] | None = None) -> int:
         return next(counter)
 
 
-#: The callers' keys this process has used, by kind of call (see :func:`claim_key`).
-_claimed_keys: set[tuple[str, str]] = set()
+#: The callers' keys each client has used, by kind of call (see :func:`claim_key`).
+_claimed_keys: weakref.WeakKeyDictionary[object, set[tuple[str, str]]] = weakref.WeakKeyDictionary()
 
 
-def claim_key(kind: str, key: str) -> None:
+def claim_key(client: object, kind: str, key: str) -> None:
     """Take the caller's ``key`` for one call of ``kind`` (``"save or restore"``, say).
 
     A key names a call's records at the coordination service, which outlive the call:
     a second call under the same key would meet the first one's arrivals and decision
     there and go on with them (a save then reported done on one process while the
-    others waited for it). So each key serves one call of a process.
+    others waited for it). So each key serves one call of a process, that is of its
+    ``client`` (one per process; a simulated job runs many processes in one).
 
     Raises
     ------
     ValueError
-        If this process used ``key`` for an earlier call of ``kind``. Every process
-        makes the same calls, so every process refuses it alike, before any exchange.
+        If ``client`` was used with ``key`` for an earlier call of ``kind``. Every
+        process makes the same calls, so every process refuses it alike, before any
+        exchange.
     """
     with _sequence_lock:
-        if (kind, key) in _claimed_keys:
+        used = _claimed_keys.setdefault(client, set())
+        if (kind, key) in used:
             raise ValueError(
                 f"key {key!r} was already used by an earlier {kind} of this process: a key "
                 "names one call (its records at the coordination service outlive it); "
                 "give each call a key of its own"
             )
-        _claimed_keys.add((kind, key))
+        used.add((kind, key))
 
 
 class Synchronizer:
