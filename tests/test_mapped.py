@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import platform
@@ -13,7 +14,9 @@ import numpy as np
 import pytest
 
 from nbckpt.engine import AsyncCheckpointer
+from nbckpt.engine.arrays.zarr import chunk_shape
 from nbckpt.engine.restore import bulk, mapped, reads
+from nbckpt.engine.save import leafplan
 from nbckpt.errors import CorruptCheckpointError
 from nbckpt.formats.fsck import verify_step
 from nbckpt.formats.packs import PACK_DIR
@@ -184,3 +187,61 @@ def test_a_range_that_cannot_be_read_in_mapped_is_read_instead(tmp_path, monkeyp
         os.close(fd)
     out = AsyncCheckpointer(tmp_path).restore(1, target=_state())
     assert _bytes(out) == _bytes(_state()) and _mappings(step) == []
+
+
+def test_files_mapped_end_to_end_are_their_bytes_and_let_go_with_their_last_view(tmp_path):
+    rng = np.random.default_rng(5)
+    parts = [rng.integers(0, 256, n, np.uint8).tobytes() for n in (2 * 4096, 4096, 1000)]
+    paths = []
+    for i, data in enumerate(parts):
+        paths.append(tmp_path / f"c{i}")
+        paths[-1].write_bytes(data)
+    fds = [os.open(p, os.O_RDONLY) for p in paths]
+    try:
+        view = mapped.map_files(fds, [len(d) for d in parts])
+        # A file that does not end on a page boundary cannot be followed by another.
+        assert mapped.map_files(fds[::-1], [len(d) for d in parts[::-1]]) is None
+    finally:
+        for fd in fds:
+            os.close(fd)
+    assert view is not None and view.tobytes() == b"".join(parts)
+    view[:] = 0  # copy-on-write: the files keep their bytes
+    assert [p.read_bytes() for p in paths] == parts
+    assert len(_mappings(tmp_path)) == 3
+    tail = view[-10:]
+    del view
+    gc.collect()
+    assert len(_mappings(tmp_path)) == 3  # a view of it holds the mapping
+    del tail
+    gc.collect()
+    assert _mappings(tmp_path) == []
+
+
+def test_a_shard_of_several_chunks_is_restored_as_its_chunk_files_mapped(tmp_path, monkeypatch):
+    # The save splits a shard over 64 MiB into chunks; here over 1 MiB, so that the
+    # restore of an 8 MiB leaf meets a region of 8 whole chunk files.
+    few = functools.partial(chunk_shape, max_bytes=1 << 20)
+    monkeypatch.setattr(leafplan, "chunk_shape", few)
+    monkeypatch.setattr(leafplan, "_PLANS", {})  # none planned with other chunks
+    step = _save(tmp_path)
+    assert len(list((step / "big").glob("*.0"))) == 8
+    want = _bytes(_state())
+    out = AsyncCheckpointer(tmp_path).restore(1, target=_state())
+    assert _bytes(out) == want
+    files = {line.split()[-1] for line in _mappings(step / "big")}
+    chunks = {str(step / "big" / f"{i}.0") for i in range(8)}
+    assert files == (chunks if mapped.can_map(step) else set())
+    # Damage in any of them is named, as when each is read.
+    del out
+    gc.collect()
+    assert _mappings(step) == []
+    with open(step / "big" / "5.0", "r+b") as f:
+        f.seek(777)
+        byte = f.read(1)
+        f.seek(777)
+        f.write(bytes([byte[0] ^ 1]))
+    with pytest.raises(CorruptCheckpointError, match=r"big.*chunk 5\.0 does not match"):
+        AsyncCheckpointer(tmp_path).restore(1, target=_state())
+    os.truncate(step / "big" / "6.0", 100)
+    with pytest.raises(CorruptCheckpointError, match=r"big.*chunk 6\.0 cannot be read"):
+        AsyncCheckpointer(tmp_path).restore(1, target=_state())

@@ -20,9 +20,9 @@ reading the chunk again (:func:`~nbckpt.engine.restore.reads.LeafRead.check`). S
 restore, cold, medians of 12, before and after alternating: 0.50 s to 0.38 s at
 1 GiB, 0.20 s to 0.14 s at 256 MiB.
 
-Where packs are mapped (:func:`~nbckpt.engine.restore.mapped.can_map`), a region that
-is exactly one whole chunk is not read into a new buffer at all: its file is read
-through (and checksummed) with a small buffer, then mapped (:func:`map_region`).
+Where packs are mapped (:func:`~nbckpt.engine.restore.mapped.can_map`), a region made
+of whole chunks, one after another, is not read into a new buffer at all: its files are
+read through (and checksummed) with a small buffer, then mapped (:func:`map_region`).
 
 Anything else goes through tensorstore as before: an object store, another layout, a
 region that is not made of whole chunks stored as contiguous stretches of it, an edge
@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import math
+import mmap
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -45,7 +46,7 @@ import numpy as np
 import tensorstore as ts
 
 from nbckpt.engine.arrays.zarr import chunk_key, chunk_regions
-from nbckpt.engine.restore.mapped import map_range
+from nbckpt.engine.restore.mapped import map_files, map_range
 from nbckpt.engine.restore.protocols import Box
 from nbckpt.formats.checksum import crc32c_extend
 from nbckpt.pools import LazyPool
@@ -183,77 +184,109 @@ def map_region(
     buf: np.ndarray,
     sums: dict[str, int] | None = None,
 ) -> Future[np.ndarray] | None:
-    """Start restoring region ``box`` as a mapping of its chunk file, if it is one.
+    """Start restoring region ``box`` as a mapping of its chunk files, if it is made of them.
 
-    The file is read through once, a piece at a time into a small buffer of this
+    Each file is read through once, a piece at a time into a small buffer of this
     thread's (checksummed there, as :func:`read_region` does, while each piece is in
     the CPU's cache); the bytes are then in the page cache, and the region's value is
-    the file mapped copy-on-write (:func:`~nbckpt.engine.restore.mapped.map_range`):
-    no new memory is zeroed and filled, which on the project's VM was most of a cold
-    restore's time when the memory had gone back to the host. A file that cannot be
-    mapped is read into ``buf`` as :func:`read_region` would.
+    the files mapped copy-on-write, end to end (:func:`~nbckpt.engine.restore.mapped.map_range`
+    for one, :func:`~nbckpt.engine.restore.mapped.map_files` for several): no new
+    memory is zeroed and filled, which on the project's VM was most of a cold restore's
+    time when the memory had gone back to the host. A shard of more than one chunk
+    (over 64 MiB, as the save splits them) is mapped so too: read into new memory, the
+    4 GiB ``fsdp`` state restored at a third of the plain read's speed there (see
+    ``benchmarks/RESULTS.md``). Files that cannot be mapped are read into ``buf`` as
+    :func:`read_region` would.
 
     Returns
     -------
     Future or None
         Its result is the region's value (the mapping, or ``buf``); its exception
         tensorstore's for a chunk it could not read either. None when the region is
-        not exactly one whole raw chunk of at least :data:`MAP_MIN_BYTES`: use
-        :func:`read_region`.
+        not whole raw chunks, of at least :data:`MAP_MIN_BYTES` in all, that fill it
+        one after another, each from a page boundary of it: use :func:`read_region`.
     """
     if buf.nbytes < MAP_MIN_BYTES:
         return None
-    pieces = _pieces(box, shape, chunks, buf)
-    if len(pieces) != 1 or pieces[0].stop - pieces[0].start != buf.nbytes:
+    pieces = sorted(_pieces(box, shape, chunks, buf), key=lambda p: p.start)
+    if not _end_to_end(pieces, buf.nbytes) or not is_raw(store):
         return None
-    if not is_raw(store):
-        return None
-    p = pieces[0]
     extend = None if sums is None else crc32c_extend()
     flat = buf.reshape(-1).view(np.uint8)
-    task = _pool.get().submit(_map, folder / p.key, store, p.glob, buf, flat, extend)
+    task = _pool.get().submit(_map, folder, store, pieces, buf, flat, extend)
     done: Future[np.ndarray] = Future()
 
-    def finished(f: Future[tuple[np.ndarray, int | None]]) -> None:
+    def finished(f: Future[tuple[np.ndarray, dict[str, int]]]) -> None:
         error = f.exception()
         if error is not None:
             done.set_exception(error)
             return
-        value, crc = f.result()
-        if sums is not None and crc is not None:
-            sums[p.key] = crc  # kept before anyone is told the region is in
+        value, crcs = f.result()
+        if sums is not None:
+            sums.update(crcs)  # kept before anyone is told the region is in
         done.set_result(value)
 
     task.add_done_callback(finished)
     return done
 
 
+def _end_to_end(pieces: list[_Piece], nbytes: int) -> bool:
+    """Whether ``pieces`` fill ``nbytes`` one after another, each from a page boundary."""
+    at = 0
+    for p in pieces:
+        if p.start != at or p.start % mmap.PAGESIZE:
+            return False
+        at = p.stop
+    return bool(pieces) and at == nbytes
+
+
 def _map(
-    path: Path,
+    folder: Path,
     store: ts.TensorStore,
-    glob: tuple[slice, ...],
+    pieces: list[_Piece],
     buf: np.ndarray,
     flat: np.ndarray,
     extend: Callable[[int, np.ndarray], int] | None,
-) -> tuple[np.ndarray, int | None]:
-    """Map one chunk file (read through first); else read it into ``buf``."""
+) -> tuple[np.ndarray, dict[str, int]]:
+    """Map the region's chunk files (each read through first); else read them into ``buf``.
+
+    Returns the region's value and, with ``extend``, each chunk's CRC-32C by its key.
+    """
+    sizes = [p.stop - p.start for p in pieces]
+    fds: list[int] = []
+    crcs: dict[str, int] = {}
     try:
-        fd = os.open(path, os.O_RDONLY)
+        for p, nbytes in zip(pieces, sizes, strict=True):
+            fds.append(os.open(folder / p.key, os.O_RDONLY))
+            crc = _read_through(fds[-1], nbytes, extend) if _sized(fds[-1], nbytes) else None
+            if crc is None:
+                break
+            crcs[p.key] = crc
+        else:
+            if len(fds) == 1:
+                one = map_range(fds[0], 0, flat.nbytes)
+                view = one[0] if one is not None and one[1] == flat.nbytes else None
+            else:
+                view = map_files(fds, sizes)
+            if view is not None:
+                return view.view(buf.dtype).reshape(buf.shape), crcs if extend else {}
     except OSError:
-        fd = -1
-    if fd >= 0:
-        try:
-            if os.fstat(fd).st_size == flat.nbytes:
-                crc = _read_through(fd, flat.nbytes, extend)
-                mapped = map_range(fd, 0, flat.nbytes) if crc is not None else None
-                if mapped is not None and mapped[1] == flat.nbytes:
-                    value = mapped[0].view(buf.dtype).reshape(buf.shape)
-                    return value, crc if extend is not None else None
-        except OSError:
-            pass
-        finally:
+        pass
+    finally:
+        for fd in fds:
             os.close(fd)
-    return buf, _read(path, store, glob, buf, flat, extend)
+    # Not mapped: read, and the read reports what is wrong with a file.
+    crcs.clear()
+    for p in pieces:
+        part = buf[p.local]
+        crc = _read(folder / p.key, store, p.glob, part, flat[p.start : p.stop], extend)
+        if crc is not None:
+            crcs[p.key] = crc
+    return buf, crcs
+
+
+def _sized(fd: int, nbytes: int) -> bool:
+    return os.fstat(fd).st_size == nbytes
 
 
 #: Each reading thread's buffer for :func:`_read_through`.

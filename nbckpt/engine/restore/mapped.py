@@ -13,7 +13,8 @@ processes, page cache dropped, 8 repetitions of each, alternating): the 1 GiB
 0.62 s read (medians), 0.13 s both at 256 MiB.
 
 A leaf's own chunk file (tens of MiB) is mapped too, once it has been read through
-with a small buffer (:func:`~nbckpt.engine.restore.chunkfiles.map_region`): populated
+with a small buffer, and a shard of several chunks is its files mapped end to end
+(:func:`map_files`; :func:`~nbckpt.engine.restore.chunkfiles.map_region`): populated
 straight from the disk, page by page, it restored slower than it was read (the 1 GiB
 ``fsdp`` state in 0.45 s against 0.39 s), but read through first it needs no new
 memory at all. That matters where new memory is dear: on the project's VM, whose
@@ -49,13 +50,14 @@ import functools
 import mmap
 import os
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from nbckpt.storage.local import file_system
 
-__all__ = ["LOCAL_FILE_SYSTEMS", "MAP_ENV", "can_map", "map_range"]
+__all__ = ["LOCAL_FILE_SYSTEMS", "MAP_ENV", "can_map", "map_files", "map_range"]
 
 #: ``MADV_POPULATE_READ`` (Linux 5.14): fault a range in, reading what is not in the
 #: page cache; a read that fails is the call's error, not a ``SIGBUS`` later.
@@ -130,6 +132,105 @@ def map_range(fd: int, start: int, stop: int) -> tuple[np.ndarray, int] | None:
         mapping.close()
         return None
     return view[start - base :], end
+
+
+def map_files(fds: Sequence[int], sizes: Sequence[int]) -> np.ndarray | None:
+    """Files ``fds`` mapped copy-on-write one after another, as one stretch, and read in.
+
+    What :func:`map_range` does for one file, for a region made of several whole
+    chunks (a shard of more than one chunk, which the save splits at 64 MiB): the
+    region's value is the chunk files themselves, end to end, with no new memory. Each
+    file is ``sizes[i]`` bytes long; every size but the last must be a whole number of
+    pages (a file is mapped from a page boundary).
+
+    Returns
+    -------
+    numpy.ndarray or None
+        The bytes (a writable view; writes go to this process's own copy of a page,
+        never to a file), unmapped once the last view of them is gone. None when the
+        files cannot be mapped so, or not read in (read them instead).
+    """
+    total = sum(sizes)
+    if total <= 0 or any(n <= 0 or n % mmap.PAGESIZE for n in sizes[:-1]):
+        return None
+    stretch = _Stretch.reserve(total)
+    if stretch is None:
+        return None
+    offset = 0
+    for fd, nbytes in zip(fds, sizes, strict=True):
+        if not stretch.place(fd, offset, nbytes):
+            return None  # the stretch is unmapped as it goes
+        offset += nbytes
+    view = np.asarray(stretch)
+    if not _populate(view):
+        return None
+    return view
+
+
+class _Stretch:
+    """Address space that files are mapped into side by side; unmapped when let go.
+
+    NumPy takes it as an array (``__array_interface__``) and keeps it as that array's
+    base, so the mapping lasts exactly as long as any view of it (or a CPU device
+    buffer made from one) does.
+    """
+
+    # Linux's values (this module maps only on Linux, see _can_populate).
+    _PROT_READ_WRITE = 0x1 | 0x2
+    _MAP_PRIVATE, _MAP_FIXED, _MAP_ANONYMOUS, _MAP_NORESERVE = 0x02, 0x10, 0x20, 0x4000
+
+    def __init__(self, address: int, nbytes: int, length: int) -> None:
+        self._address, self._length = address, length
+        self._munmap = _libc().munmap
+        self.__array_interface__ = {
+            "shape": (nbytes,),
+            "typestr": "|u1",
+            "data": (address, False),
+            "version": 3,
+        }
+
+    @classmethod
+    def reserve(cls, nbytes: int) -> _Stretch | None:
+        """``nbytes`` of address space, holding nothing yet; None if there is none."""
+        length = -(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE
+        flags = cls._MAP_PRIVATE | cls._MAP_ANONYMOUS | cls._MAP_NORESERVE
+        address = _libc().mmap(None, length, 0, flags, -1, 0)
+        if address in (None, ctypes.c_void_p(-1).value):
+            return None
+        return cls(address, nbytes, length)
+
+    def place(self, fd: int, offset: int, nbytes: int) -> bool:
+        """Map file ``fd``'s first ``nbytes`` at ``offset`` of the stretch (a page boundary)."""
+        flags = self._MAP_PRIVATE | self._MAP_FIXED
+        want = self._address + offset
+        got = _libc().mmap(want, nbytes, self._PROT_READ_WRITE, flags, fd, 0)
+        if got != want:
+            self.__del__()
+            return False
+        return True
+
+    def __del__(self) -> None:
+        if self._length:
+            self._munmap(self._address, self._length)
+            self._length = 0
+
+
+@functools.cache
+def _libc() -> Any:
+    """The C library's ``mmap`` and ``munmap``, typed for ctypes."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_long,
+    ]
+    libc.mmap.restype = ctypes.c_void_p
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.munmap.restype = ctypes.c_int
+    return libc
 
 
 @functools.cache

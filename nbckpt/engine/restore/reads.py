@@ -97,8 +97,9 @@ def _call(on_done: Callable[[RegionRead], None], read: RegionRead, _future: Any)
 def _start(leaf: LeafRead, read: RegionRead, store: ts.TensorStore) -> Any:
     """Start one read of ``leaf``; return its future.
 
-    A region that is one whole local chunk file is mapped where packs are; one made of
-    whole chunk files is read from them here; anything else goes through tensorstore.
+    A region made of whole local chunk files, one after another, is mapped where packs
+    are; one made of whole chunk files otherwise is read from them here; anything else
+    goes through tensorstore.
     """
     # A slab of a host-shared region is part of a chunk: tensorstore reads it.
     folder = None if read.region is not None else leaf.source.chunk_files(leaf.name)
