@@ -58,6 +58,14 @@ def _mappings(step: Path) -> list[str]:
         return [line for line in f if str(step) in line]
 
 
+def _flip_a_bit(path: Path, at: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(at)
+        byte = f.read(1)
+        f.seek(at)
+        f.write(bytes([byte[0] ^ 1]))
+
+
 def test_this_linux_maps_restores_on_local_file_systems_only(tmp_path, monkeypatch):
     # The project's machines run Linux 5.14 or later: a restore there maps.
     if platform.system() == "Linux" and _kernel_at_least(5, 14):
@@ -139,11 +147,7 @@ def test_a_pack_cut_short_under_a_mapping_is_damage_not_a_crash(tmp_path):
 def test_a_chunk_file_cut_short_or_changed_under_a_mapping_is_damage_named(tmp_path):
     step = _save(tmp_path)
     chunk = step / "big" / "0.0"
-    with open(chunk, "r+b") as f:
-        f.seek(12345)
-        byte = f.read(1)
-        f.seek(12345)
-        f.write(bytes([byte[0] ^ 1]))
+    _flip_a_bit(chunk, 12345)
     with pytest.raises(CorruptCheckpointError, match=r"big.*chunk 0\.0 does not match"):
         AsyncCheckpointer(tmp_path).restore(1, target=_state())
     os.truncate(chunk, chunk.stat().st_size // 2)
@@ -235,11 +239,7 @@ def test_a_shard_of_several_chunks_is_restored_as_its_chunk_files_mapped(tmp_pat
     del out
     gc.collect()
     assert _mappings(step) == []
-    with open(step / "big" / "5.0", "r+b") as f:
-        f.seek(777)
-        byte = f.read(1)
-        f.seek(777)
-        f.write(bytes([byte[0] ^ 1]))
+    _flip_a_bit(step / "big" / "5.0", 777)
     with pytest.raises(CorruptCheckpointError, match=r"big.*chunk 5\.0 does not match"):
         AsyncCheckpointer(tmp_path).restore(1, target=_state())
     os.truncate(step / "big" / "6.0", 100)
