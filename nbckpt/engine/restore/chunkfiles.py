@@ -46,7 +46,7 @@ import numpy as np
 import tensorstore as ts
 
 from nbckpt.engine.arrays.zarr import chunk_key, chunk_regions
-from nbckpt.engine.restore.mapped import map_files, map_range
+from nbckpt.engine.restore.mapped import map_files
 from nbckpt.engine.restore.protocols import Box
 from nbckpt.formats.checksum import crc32c_extend
 from nbckpt.pools import LazyPool
@@ -189,14 +189,13 @@ def map_region(
     Each file is read through once, a piece at a time into a small buffer of this
     thread's (checksummed there, as :func:`read_region` does, while each piece is in
     the CPU's cache); the bytes are then in the page cache, and the region's value is
-    the files mapped copy-on-write, end to end (:func:`~nbckpt.engine.restore.mapped.map_range`
-    for one, :func:`~nbckpt.engine.restore.mapped.map_files` for several): no new
-    memory is zeroed and filled, which on the project's VM was most of a cold restore's
-    time when the memory had gone back to the host. A shard of more than one chunk
-    (over 64 MiB, as the save splits them) is mapped so too: read into new memory, the
-    4 GiB ``fsdp`` state restored at a third of the plain read's speed there (see
-    ``benchmarks/RESULTS.md``). Files that cannot be mapped are read into ``buf`` as
-    :func:`read_region` would.
+    the files mapped copy-on-write, end to end
+    (:func:`~nbckpt.engine.restore.mapped.map_files`): no new memory is zeroed and
+    filled, which on the project's VM was most of a cold restore's time when the memory
+    had gone back to the host. A shard of more than one chunk (over 64 MiB, as the save
+    splits them) is mapped so too: read into new memory, the 4 GiB ``fsdp`` state
+    restored at a third of the plain read's speed there (see ``benchmarks/RESULTS.md``).
+    Files that cannot be mapped are read into ``buf`` as :func:`read_region` would.
 
     Returns
     -------
@@ -258,16 +257,13 @@ def _map(
     try:
         for p, nbytes in zip(pieces, sizes, strict=True):
             fds.append(os.open(folder / p.key, os.O_RDONLY))
-            crc = _read_through(fds[-1], nbytes, extend) if _sized(fds[-1], nbytes) else None
+            whole = os.fstat(fds[-1]).st_size == nbytes
+            crc = _read_through(fds[-1], nbytes, extend) if whole else None
             if crc is None:
                 break
             crcs[p.key] = crc
         else:
-            if len(fds) == 1:
-                one = map_range(fds[0], 0, flat.nbytes)
-                view = one[0] if one is not None and one[1] == flat.nbytes else None
-            else:
-                view = map_files(fds, sizes)
+            view = map_files(fds, sizes)
             if view is not None:
                 return view.view(buf.dtype).reshape(buf.shape), crcs if extend else {}
     except OSError:
@@ -283,10 +279,6 @@ def _map(
         if crc is not None:
             crcs[p.key] = crc
     return buf, crcs
-
-
-def _sized(fd: int, nbytes: int) -> bool:
-    return os.fstat(fd).st_size == nbytes
 
 
 #: Each reading thread's buffer for :func:`_read_through`.

@@ -137,9 +137,9 @@ def map_range(fd: int, start: int, stop: int) -> tuple[np.ndarray, int] | None:
 def map_files(fds: Sequence[int], sizes: Sequence[int]) -> np.ndarray | None:
     """Files ``fds`` mapped copy-on-write one after another, as one stretch, and read in.
 
-    What :func:`map_range` does for one file, for a region made of several whole
-    chunks (a shard of more than one chunk, which the save splits at 64 MiB): the
-    region's value is the chunk files themselves, end to end, with no new memory. Each
+    What :func:`map_range` does for a stretch of one file, for the whole chunk files
+    of a region (one, or several for a shard the save split into chunks of 64 MiB):
+    the region's value is the files themselves, end to end, with no new memory. Each
     file is ``sizes[i]`` bytes long; every size but the last must be a whole number of
     pages (a file is mapped from a page boundary).
 
