@@ -205,20 +205,28 @@ class _Stretch:
         want = self._address + offset
         got = _libc().mmap(want, nbytes, self._PROT_READ_WRITE, flags, fd, 0)
         if got != want:
-            self.__del__()
+            self.release()
             return False
         return True
 
-    def __del__(self) -> None:
+    def release(self) -> None:
+        """Unmap the whole stretch (once; no view of it may be left)."""
         if self._length:
             self._munmap(self._address, self._length)
             self._length = 0
 
+    def __del__(self) -> None:
+        self.release()
+
 
 @functools.cache
 def _libc() -> Any:
-    """The C library's ``mmap`` and ``munmap``, typed for ctypes."""
+    """The C library's ``mmap``, ``munmap`` and ``madvise``, typed for ctypes.
+
+    Called through ctypes, each lets go of the GIL (see :func:`_populate`).
+    """
     libc = ctypes.CDLL(None, use_errno=True)
+    # mmap(addr, length, prot, flags, fd, offset)
     libc.mmap.argtypes = [
         ctypes.c_void_p,
         ctypes.c_size_t,
@@ -230,16 +238,9 @@ def _libc() -> Any:
     libc.mmap.restype = ctypes.c_void_p
     libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
     libc.munmap.restype = ctypes.c_int
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    libc.madvise.restype = ctypes.c_int
     return libc
-
-
-@functools.cache
-def _madvise() -> Any:
-    """The C library's ``madvise``, called through ctypes, which lets go of the GIL."""
-    fn = ctypes.CDLL(None, use_errno=True).madvise
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    fn.restype = ctypes.c_int
-    return fn
 
 
 def _populate(view: np.ndarray) -> bool:
@@ -253,7 +254,7 @@ def _populate(view: np.ndarray) -> bool:
     had it. (The restore took as long either way there, its 2 cores busy throughout.)
     """
     address = view.__array_interface__["data"][0]
-    while _madvise()(address, view.nbytes, _POPULATE_READ) != 0:
+    while _libc().madvise(address, view.nbytes, _POPULATE_READ) != 0:
         if ctypes.get_errno() != errno.EINTR:
             return False
     return True
