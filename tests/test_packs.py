@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import threading
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 
 from nbckpt.engine import AsyncCheckpointer
 from nbckpt.engine.restore import chunkfiles, packed
+from nbckpt.engine.restore import step as restore_step
 from nbckpt.errors import CorruptCheckpointError
 from nbckpt.formats import checksum
 from nbckpt.formats.checksum import read_checksums
@@ -311,6 +313,71 @@ def test_small_replicated_leaves_are_spread_over_the_processes(group4, group2, t
     assert sum(sizes) == sum(4 * (i + 1) for i in range(40))  # each leaf once
     assert copies == [1] * 40
     assert group2.run(f"{T}:restore_replicated", str(tmp_path)) == [True, True]
+
+
+def _advised() -> tuple[list[tuple[str, int, int, int]], object]:
+    """Record each read-ahead hint given: (file, offset, length, advice); and the original.
+
+    The hints still reach the system: the spy calls through.
+    """
+    calls: list[tuple[str, int, int, int]] = []
+    advise = os.posix_fadvise
+
+    def spy(fd: int, offset: int, length: int, advice: int) -> None:
+        calls.append((os.readlink(f"/proc/self/fd/{fd}"), offset, length, advice))
+        advise(fd, offset, length, advice)
+
+    return calls, spy
+
+
+def _hints_given() -> None:
+    """Wait until the restore's early thread has given its hints (it runs them in order)."""
+    restore_step._early.get().submit(lambda: None).result()
+
+
+def restore_hinted(root: str) -> dict[str, object]:
+    """Restore what :func:`save_replicated` saved; the packs read ahead, and if it came back."""
+    original = os.posix_fadvise
+    calls, spy = _advised()
+    os.posix_fadvise = spy  # type: ignore[assignment]
+    try:
+        same = restore_replicated(root)
+        _hints_given()
+    finally:
+        os.posix_fadvise = original
+    return {"same": same, "hinted": [os.path.basename(c[0]) for c in calls]}
+
+
+@pytest.mark.multihost
+def test_each_process_reads_its_own_pack_ahead_only_if_as_many_restore(group4, group2, tmp_path):
+    group4.run(f"{T}:save_replicated", str(tmp_path))
+    got = group4.run(f"{T}:restore_hinted", str(tmp_path))
+    assert got == [{"same": True, "hinted": [f"process_{i}"]} for i in range(4)]
+    # Two processes restoring the step of four would each read ahead what it may not read.
+    assert group2.run(f"{T}:restore_hinted", str(tmp_path)) == [{"same": True, "hinted": []}] * 2
+
+
+def test_a_restore_reads_the_head_of_its_pack_ahead_a_partial_one_does_not(tmp_path, monkeypatch):
+    step = _save(tmp_path)
+    calls, spy = _advised()
+    monkeypatch.setattr(os, "posix_fadvise", spy)
+    ck = AsyncCheckpointer(tmp_path)
+    out = ck.restore(1)
+    _hints_given()
+    pack = os.path.realpath(step / PACK_DIR / "process_0")
+    assert calls == [(pack, 0, packed.READ_AHEAD_BYTES, os.POSIX_FADV_WILLNEED)]
+    assert _same(out["big"], _state()["big"])
+    calls.clear()
+    one = ck.restore(1, target={"layers": [{}, {}, {"bias": ...}]}, partial=True)
+    _hints_given()
+    assert calls == []  # a partial restore may need little of the pack
+    assert _same(one["layers"][2]["bias"], _state()["layers"][2]["bias"])  # type: ignore[index]
+    # A pack gone is the restore's to report, not the hint's.
+    (step / PACK_DIR / "process_0").unlink()
+    with pytest.raises(CorruptCheckpointError, match="process_0 is missing"):
+        ck.restore(1)
+    _hints_given()
+    assert calls == []
 
 
 def test_the_inventory_takes_a_packed_step_for_complete_until_its_packs_go(tmp_path):
