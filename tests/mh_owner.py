@@ -124,3 +124,24 @@ def sm_restores(root: str, step: int, seed: int) -> bool:
 
 def sm_close(root: str) -> None:
     _jobs.pop(root).close()
+
+
+def service_keys(root: str, saves: int) -> list[str]:
+    """Save ``saves`` steps and restore the last; the operations the service still keys.
+
+    Process 0 (the primary, which drops the keys of earlier operations) answers; the
+    others answer an empty list.
+    """
+    from nbckpt.engine import default_client
+    from nbckpt.engine.save import preflight
+
+    ck = AsyncCheckpointer(root)
+    for step in range(saves):
+        ck.save(step, values(step))
+        ck.wait_until_finished()
+    ck.restore(saves - 1)
+    if jax.process_index() != 0:
+        return []
+    preflight._dropping.get().submit(lambda: None).result()  # its drops are done
+    keys = default_client().key_value_dir_get("nbckpt")
+    return sorted({key.split("/")[1] for key in keys})

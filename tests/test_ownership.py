@@ -297,3 +297,16 @@ def test_an_owner_record_on_an_object_store_is_created_once(
     assert record.create_exclusive(b"first")  # type: ignore[union-attr]
     assert not record.create_exclusive(b"second")  # type: ignore[union-attr]
     assert record.read_bytes() == b"first"
+
+
+@pytest.mark.multihost
+def test_the_service_keeps_the_keys_of_a_checkpointers_last_operation_only(
+    group2: Any, tmp_path: Path
+) -> None:
+    # The primary drops the keys of earlier operations in the background as each
+    # agreement passes; whatever else the service holds was there before.
+    before = group2.run(f"{T}:service_keys", str(tmp_path / "a"), 2)[0]
+    after = group2.run(f"{T}:service_keys", str(tmp_path / "b"), 5)[0]
+    # Six operations (five saves and a restore) leave one operation's keys: the last's,
+    # which the checkpointer's next operation drops.
+    assert len(set(after) - set(before)) == 1, (before, after)

@@ -147,6 +147,18 @@ def test_subset_barrier_and_gather_and_broadcast():
         assert b == "hello"
 
 
+def test_gather_at_brings_every_value_to_the_source_whose_own_stays_with_it():
+    syncs = _syncs(3)
+    res = _run_on(syncs, lambda i, s: s.gather_at("op", "g", f"v{i}", source=1, timeout_s=5))
+    assert res == [None, {0: "v0", 1: "v1", 2: "v2"}, None]
+    key = barrier_key("op", "g")
+    # One round trip fewer for the source: the others post, it reads.
+    assert sorted(syncs[0].client.key_value_dir_get(f"{key}/value")) == [
+        f"{key}/value/0",
+        f"{key}/value/2",
+    ]
+
+
 def test_not_a_participant_is_refused():
     s = _syncs(2)[0]
     with pytest.raises(ValueError, match="not among"):
