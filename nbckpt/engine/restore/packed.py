@@ -47,7 +47,8 @@ SPAN_BYTES = 1 << 20
 #: at 256 MiB, reading the whole pack (54 MiB) ahead made restores take 0.85x the time
 #: (median of two runs of 10 and 12 pairs), its first 16 MiB 0.92x; at 1 GiB the whole
 #: pack (224 MiB) made them slower (median 1.00 s against 0.66 s), the first 16 MiB
-#: changed nothing measurable (1.02x, 6 pairs). The machine is shared and noisy.
+#: changed nothing measurable (1.02x, 6 pairs). Against the first 16 MiB, the whole
+#: pack at 256 MiB gave 0.99x (12 pairs, 0.69-1.52). The machine is shared and noisy.
 READ_AHEAD_BYTES = 16 << 20
 
 
