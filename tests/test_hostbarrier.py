@@ -100,6 +100,30 @@ def test_a_link_that_closes_before_it_arrives_ends_the_wait_at_once(
     assert time.monotonic() - t0 < 5  # not the 10 s fast phase
 
 
+@pytest.mark.parametrize("quitter", [1, 0], ids=["a link", "the hub"])
+def test_a_process_that_gives_up_an_operation_sends_the_others_on_at_once(
+    four: list[HostBarrier], quitter: int
+) -> None:
+    # The CI failure: process 2 sat out the fast phase at write_complete while process 1
+    # had already failed the save, and was still waiting when the notebook reported.
+    # A fast phase of ten minutes: only the word of the one that gave up ends it.
+    deadline = time.monotonic() + 1200
+    waiting = [i for i in range(4) if i != quitter]
+    with ThreadPoolExecutor(3) as pool:
+        early = [
+            pool.submit(four[i].wait, "nbckpt/op-1/write_complete/fast", 600.0, deadline)
+            for i in waiting[:2]
+        ]
+        time.sleep(0.2)
+        four[quitter].abandon("nbckpt/op-1/")
+        assert [w.result(timeout=60) for w in early] == [False, False]
+        # A late arrival at another barrier of the same operation hears S at once too.
+        late = four[waiting[2]].wait("nbckpt/op-1/commit/fast", 600.0, deadline)
+        assert late is False
+    # Another operation, even one whose id begins alike, is untouched: everyone passes.
+    assert _all_wait(four, "nbckpt/op-10/write_complete/fast") == [True] * 4
+
+
 def test_links_go_on_without_a_hub_that_closed(four: list[HostBarrier]) -> None:
     four[0].close()
     deadline = time.monotonic() + 30

@@ -27,6 +27,13 @@ if TYPE_CHECKING:
 
 __all__ = ["BarrierReport", "SaveHandle"]
 
+#: How long a failed save's wait lets the processes still running journal how they
+#: ended. It returns as soon as none is running; a process dead without a word is
+#: marked so by the others' reports. A survivor at a barrier met at the service looks
+#: for a peer's failure only after the fast phase (up to about 2 s) and takes up to
+#: 5 s more to name a peer that died; 2 s was not enough on a loaded CI machine.
+_SETTLE_S = 8.0
+
 
 @dataclass
 class SaveHandle:
@@ -108,7 +115,7 @@ class SaveHandle:
             if rec.status == Status.FAILED:
                 # Give the other processes a moment to journal their own outcome, so
                 # the error names every process that failed, not just the fastest.
-                settle = time.monotonic() + 2.0
+                settle = time.monotonic() + _SETTLE_S
                 while time.monotonic() < settle and any(
                     r.status == Status.RUNNING for r in rec.processes.values()
                 ):

@@ -181,6 +181,12 @@ class Synchronizer:
         # The service may be gone too; the caller's own error is what gets raised.
         with contextlib.suppress(Exception):
             self.client.key_value_set(f"{barrier_key(op, FAILED_KEY)}/{self.process_index}", reason)
+        # Peers waiting at this host's hub would sit out its fast phase before they
+        # looked for the record above: the hub sends them on to look now.
+        host = hostbarrier.current(self._me, self._count)
+        if host is not None:
+            with contextlib.suppress(Exception):
+                host.abandon(f"{KEY_PREFIX}/{op}/")
 
     def check_failures(self, op: str) -> None:
         """Raise :class:`PeerFailedError` if another process of ``op`` failed."""

@@ -17,7 +17,11 @@ when a process's socket closes (it died) before it arrived, and when a process s
 left (``L <key>``): a process that waited a second longer than that for the hub's word
 says so, and then waits for the word all the same, since the hub may have said ``P``
 before it read ``L``. A process whose hub is gone goes on to the slow phase, as does
-the hub's every process at once if the hub dies.
+the hub's every process at once if the hub dies. A process that gives up an operation
+says so (``X <prefix>``, or the hub to itself): the hub then says ``S`` at once for
+that operation's barriers, those waited at and those still to come, so the others
+look for its failure a slice later instead of after the fast phase. ``S`` only sends
+a barrier to the slow phase, which decides; it can never let one pass wrongly.
 
 Which processes share a host is decided in the preflight (:mod:`nbckpt.engine.save.preflight`),
 alike on every process: each posts where it runs (host name, network namespace, boot),
@@ -54,6 +58,8 @@ _LEAVE_AFTER_S = 1.0
 _KEPT = 4096
 #: The longest a reading thread holds the links before another thread may look.
 _SLICE_S = 0.05
+#: Operations given up, kept for late arrivals at their barriers (ids are never reused).
+_ABANDONED_KEPT = 256
 
 
 def enabled() -> bool:
@@ -144,6 +150,8 @@ class HostBarrier:
         self._arrived: dict[str, set[int]] = {}
         self._left: set[str] = set()
         self._dead: set[int] = set()
+        #: The key prefixes of operations a process gave up, oldest first.
+        self._abandoned: collections.OrderedDict[str, None] = collections.OrderedDict()
         #: Each key's word, decided by the hub (on a link: heard from it).
         self._words: collections.OrderedDict[str, str] = collections.OrderedDict()
         self._closed = False
@@ -172,7 +180,30 @@ class HostBarrier:
             return self._hub_wait(key, time.monotonic() + fast_s)
         return self._link_wait(key, time.monotonic() + fast_s + _LEAVE_AFTER_S, deadline)
 
+    def abandon(self, prefix: str) -> None:
+        """Say that this process gave up the operation whose barrier keys start ``prefix``.
+
+        Best effort: a process whose link is gone has nobody to tell, and the others
+        then go on to the slow phase after the fast one, as before.
+        """
+        if self.me != self.hub:
+            self._links[0].send("X", prefix)
+            return
+        with self._changed:
+            self._abandon(prefix)
+            self._changed.notify_all()
+
     # -- the hub ----------------------------------------------------------------------
+
+    def _abandon(self, prefix: str) -> None:
+        self._abandoned[prefix] = None
+        while len(self._abandoned) > _ABANDONED_KEPT:
+            self._abandoned.popitem(last=False)
+        for key in [k for k in self._arrived if k.startswith(prefix)]:
+            self._judge(key, late=True)
+
+    def _given_up(self, key: str) -> bool:
+        return any(key.startswith(prefix) for prefix in self._abandoned)
 
     def _hub_wait(self, key: str, fast_end: float) -> bool:
         with self._changed:
@@ -180,7 +211,8 @@ class HostBarrier:
                 self._arrived.setdefault(key, set()).add(self.me)
             while True:
                 now = time.monotonic()
-                word = self._words.get(key) or self._judge(key, now >= fast_end)
+                late = now >= fast_end or self._given_up(key)
+                word = self._words.get(key) or self._judge(key, late)
                 if word is not None:
                     return word == "P"
                 self._changed.wait(fast_end - now)
@@ -256,11 +288,15 @@ class HostBarrier:
             return
         if word == "A":
             self._arrived.setdefault(key, set()).add(link.peer)
-            if self.me in self._arrived[key]:
-                self._judge(key, late=False)  # the last to arrive: tell everyone now
+            given_up = self._given_up(key)
+            if self.me in self._arrived[key] or given_up:
+                # The last to arrive, or one at a barrier someone gave up: tell everyone now.
+                self._judge(key, late=given_up)
         elif word == "L":
             self._left.add(key)
             self._judge(key, late=False)  # it says S now, whether or not the hub came
+        elif word == "X":
+            self._abandon(key)
 
     def _lost(self, link: _Link) -> None:
         with contextlib.suppress(OSError):
