@@ -89,7 +89,7 @@ def test_small_leaves_go_into_one_pack_and_large_ones_keep_their_arrays(tmp_path
 
 def test_the_pack_is_on_its_way_before_any_chunk_is_summed(tmp_path, monkeypatch):
     # Summing 54 MiB of chunks before the pack's one write left the disk idle for
-    # 14-20 ms of a 256 MiB save: the pack now starts first, and every chunk,
+    # 12-23 ms of a 256 MiB save: the pack now starts first, and every chunk,
     # packed or not, is still summed into the step's checksums.
     from nbckpt.engine.save import writer
 

@@ -191,7 +191,7 @@ def write_shards(
     pack_written: list[tuple[Any, int]] = []
     # The pack goes first, before any checksum: one request that keeps the disk busy
     # while this thread issues the other writes and sums every chunk (the 54 MiB packs
-    # of the 256 MiB ``transformer`` state waited 14-20 ms for that, 4 processes on 2
+    # of the 256 MiB ``transformer`` state waited 12-23 ms for that, 4 processes on 2
     # cores).
     found = {i: regions_of(w) for i, w in enumerate(snap.writes) if w.leaf in packed}
     try:
