@@ -407,6 +407,35 @@ def test_a_restore_reads_the_head_of_its_pack_ahead_a_partial_one_does_not(tmp_p
     assert calls == []
 
 
+def test_the_pack_is_read_ahead_before_the_checksums_are_in(tmp_path, monkeypatch):
+    # The hint goes out once the metadata says the pack is this process's to read,
+    # while the checksums files are still being read and parsed: not after.
+    step = _save(tmp_path)
+    calls, spy = _advised()
+    hinted = threading.Event()
+
+    def advise(fd: int, offset: int, length: int, advice: int) -> None:
+        spy(fd, offset, length, advice)  # type: ignore[operator]
+        hinted.set()
+
+    monkeypatch.setattr(os, "posix_fadvise", advise)
+    recorded = restore_step._recorded
+    hinted_first: list[bool] = []
+
+    def held_sums(directory: object, packs: PackIndex) -> object:
+        # Not in until the hint is given: a restore that waited for them to hint
+        # would hint only after this gave up.
+        hinted_first.append(hinted.wait(timeout=30))
+        return recorded(directory, packs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(restore_step, "_recorded", held_sums)
+    out = AsyncCheckpointer(tmp_path).restore(1)
+    assert _same(out["big"], _state()["big"])
+    assert hinted_first == [True]
+    pack = os.path.realpath(step / PACK_DIR / "process_0")
+    assert calls == [(pack, 0, packed.READ_AHEAD_BYTES, os.POSIX_FADV_WILLNEED)]
+
+
 def test_the_inventory_takes_a_packed_step_for_complete_until_its_packs_go(tmp_path):
     import shutil
 

@@ -34,15 +34,15 @@ from nbckpt.errors import CorruptCheckpointError
 from nbckpt.formats.packs import PackedChunk, PackIndex, pack_file
 from nbckpt.storage import Location
 
-__all__ = ["COALESCE_GAP_BYTES", "READ_AHEAD_BYTES", "SPAN_BYTES", "PackedSource"]
+__all__ = ["COALESCE_GAP_BYTES", "READ_AHEAD_BYTES", "SPAN_BYTES", "PackedSource", "read_ahead"]
 
 #: Byte ranges of one pack closer than this are read with one request ...
 COALESCE_GAP_BYTES = 1 << 20
 #: ... of at most this many bytes (more if one range is larger), so that several
 #: requests are in flight at once: one long read keeps a disk's queue too short.
 SPAN_BYTES = 1 << 20
-#: What :meth:`PackedSource.read_ahead` asks the system to read of a pack: about what
-#: the disk reads while a restore plans its leaves. Measured on the 2-core test machine
+#: What :func:`read_ahead` asks the system to read of a pack: about what the disk
+#: reads while a restore plans its leaves. Measured on the 2-core test machine
 #: (4 processes, the ``transformer`` state, cold, each restore paired with one without):
 #: at 256 MiB, reading the whole pack (54 MiB) ahead made restores take 0.85x the time
 #: (median of two runs of 10 and 12 pairs), its first 16 MiB 0.92x; at 1 GiB the whole
@@ -117,28 +117,6 @@ class PackedSource:
     def local(self) -> bool:
         """Whether the packs are local files (read with ``pread``), not objects."""
         return self._local
-
-    def read_ahead(self, process: int) -> None:
-        """Have the system start reading the head of ``process``'s local pack.
-
-        A hint for a restore that will read that pack: the first
-        :data:`READ_AHEAD_BYTES` of it go into the page cache while the restore plans
-        its leaves. It returns once the reads are issued, not done; a pack that is
-        missing or cannot be opened is left to the restore's own reads, which say what
-        is wrong with it. An object store's packs are fetched by :meth:`fetch` instead.
-        """
-        if not self._local or not hasattr(os, "posix_fadvise"):
-            return
-        try:
-            fd = os.open(str(self.directory / pack_file(process)), os.O_RDONLY)
-        except OSError:
-            return
-        try:
-            os.posix_fadvise(fd, 0, READ_AHEAD_BYTES, os.POSIX_FADV_WILLNEED)
-        except OSError:
-            pass  # only a hint
-        finally:
-            os.close(fd)
 
     def chunk(self, name: str, key: str) -> PackedChunk | None:
         """Where chunk ``key`` of packed leaf ``name`` lies (None: not in the packs)."""
@@ -354,3 +332,27 @@ def _read(kv: ts.KvStore, file: str, start: int, stop: int) -> Future[bytes]:
 
     kv.read(file, byte_range=slice(start, stop)).add_done_callback(done)
     return out
+
+
+def read_ahead(directory: Location, process: int) -> None:
+    """Have the system start reading the head of ``process``'s pack in ``directory``.
+
+    A hint for a restore that will read that pack: the first :data:`READ_AHEAD_BYTES`
+    of it go into the page cache while the restore reads the step's checksums and
+    plans its leaves. It returns once the reads are issued, not done. Only a local
+    pack is hinted (an object store's packs are fetched by
+    :meth:`PackedSource.fetch`); one that is missing or cannot be opened is left to
+    the restore's own reads, which say what is wrong with it.
+    """
+    if not isinstance(directory, Path) or not hasattr(os, "posix_fadvise"):
+        return
+    try:
+        fd = os.open(directory / pack_file(process), os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.posix_fadvise(fd, 0, READ_AHEAD_BYTES, os.POSIX_FADV_WILLNEED)
+    except OSError:
+        pass  # only a hint
+    finally:
+        os.close(fd)

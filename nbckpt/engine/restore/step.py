@@ -45,7 +45,7 @@ from nbckpt.engine.restore.exchange import (
     verify_shares,
 )
 from nbckpt.engine.restore.orbax_step import restore_orbax_step
-from nbckpt.engine.restore.packed import PackedSource
+from nbckpt.engine.restore.packed import PackedSource, read_ahead
 from nbckpt.engine.restore.reads import LeafRead
 from nbckpt.engine.restore.schedule import read_all
 from nbckpt.engine.restore.sources import source_for
@@ -87,9 +87,8 @@ class _StepReader(Protocol):
     ) -> Any: ...
 
 
-#: Reads a step's checksums files while the restore reads its metadata, then has the
-#: system read this process's pack ahead; kept from one restore to the next (see
-#: :mod:`nbckpt.pools`).
+#: Reads a step's checksums files while the restore reads its metadata; kept from one
+#: restore to the next (see :mod:`nbckpt.pools`).
 _early = LazyPool(1, "nbckpt-checksums")
 
 #: How many leaves a message lists before it says how many more there are.
@@ -246,8 +245,22 @@ def _restore_nbckpt(
             raise CheckpointDataError(
                 f"cannot read {metadata_path(directory)}; run fsck on the root"
             )
+        packed = any(is_packed(m) for m in meta["leaves"])
+        if (
+            packed
+            and meta.get("arrays") is None
+            and not partial
+            and meta.get("process_count") == jax.process_count()
+        ):
+            # Restored by as many processes as saved it, each process reads the pack it
+            # wrote: its small shards, and whole leaves that every process reads (a
+            # host's processes share its page cache). The disk starts on its head now,
+            # while the checksums are read and the leaves planned (20-40 ms of a
+            # 256 MiB restore on 2 cores), not once the checksums are in: restores
+            # took 0.93-0.97x as long so (see packed.READ_AHEAD_BYTES).
+            read_ahead(directory, jax.process_index())
         # The checksums files also say where packed leaves lie: read even without checks.
-        needed = verify or any(is_packed(m) for m in meta["leaves"])
+        needed = verify or packed
         read = _recorded(directory, packs) if sums_read is None and needed else None
         if sums_read is not None:
             read = sums_read.result()
@@ -262,17 +275,6 @@ def _restore_nbckpt(
         raise CorruptCheckpointError(
             str(directory / CHECKSUMS_DIR), "its checksums are missing although the save wrote them"
         )
-
-    if (
-        isinstance(source, PackedSource)
-        and not partial
-        and meta.get("process_count") == jax.process_count()
-    ):
-        # Restored by as many processes as saved it, each process reads the pack it wrote:
-        # its small shards, and whole leaves that every process reads (a host's processes
-        # share its page cache). The disk starts on its head while the leaves are planned
-        # (20-40 ms of a 256 MiB restore on 2 cores; see packed.READ_AHEAD_BYTES).
-        _early.get().submit(source.read_ahead, jax.process_index())
 
     def sums(m: dict[str, Any]) -> dict[str, tuple[str, int]] | None:
         return None if recorded is None else recorded.get(m["name"], {})
