@@ -357,19 +357,13 @@ def _advised() -> tuple[list[tuple[str, int, int, int]], object]:
     return calls, spy
 
 
-def _hints_given() -> None:
-    """Wait until the restore's early thread has given its hints (it runs them in order)."""
-    restore_step._early.get().submit(lambda: None).result()
-
-
 def restore_hinted(root: str) -> dict[str, object]:
     """Restore what :func:`save_replicated` saved; the packs read ahead, and if it came back."""
     original = os.posix_fadvise
     calls, spy = _advised()
     os.posix_fadvise = spy  # type: ignore[assignment]
     try:
-        same = restore_replicated(root)
-        _hints_given()
+        same = restore_replicated(root)  # the hint is given before it returns
     finally:
         os.posix_fadvise = original
     return {"same": same, "hinted": [os.path.basename(c[0]) for c in calls]}
@@ -389,21 +383,18 @@ def test_a_restore_reads_the_head_of_its_pack_ahead_a_partial_one_does_not(tmp_p
     calls, spy = _advised()
     monkeypatch.setattr(os, "posix_fadvise", spy)
     ck = AsyncCheckpointer(tmp_path)
-    out = ck.restore(1)
-    _hints_given()
+    out = ck.restore(1)  # the hint is given before it returns
     pack = os.path.realpath(step / PACK_DIR / "process_0")
     assert calls == [(pack, 0, packed.READ_AHEAD_BYTES, os.POSIX_FADV_WILLNEED)]
     assert _same(out["big"], _state()["big"])
     calls.clear()
     one = ck.restore(1, target={"layers": [{}, {}, {"bias": ...}]}, partial=True)
-    _hints_given()
     assert calls == []  # a partial restore may need little of the pack
     assert _same(one["layers"][2]["bias"], _state()["layers"][2]["bias"])  # type: ignore[index]
     # A pack gone is the restore's to report, not the hint's.
     (step / PACK_DIR / "process_0").unlink()
     with pytest.raises(CorruptCheckpointError, match="process_0 is missing"):
         ck.restore(1)
-    _hints_given()
     assert calls == []
 
 
