@@ -63,6 +63,9 @@ class SizeResult:
     #: The plain-file writes, buffered and with O_DIRECT, one of each per repetition.
     lim_write_buffered: list[float] = field(default_factory=list)
     lim_write_direct: list[float] = field(default_factory=list)
+    #: The step's own files (chunk files and packs) read plainly, evenly split.
+    files_read: list[float] = field(default_factory=list)
+    files_per_process: int = 0
 
     @property
     def lim_write(self) -> list[float]:

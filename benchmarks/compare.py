@@ -56,6 +56,7 @@ from _compare_report import (  # noqa: E402
     report,
     summary,
 )
+from _files_table import files_table  # noqa: E402
 from _workers import LAYOUTS  # noqa: E402
 from engine_bench import (  # noqa: E402  (the one copy of each)
     drop_cache,
@@ -178,6 +179,11 @@ def bench_size(
         res.nb_peak.append(slowest(out, "peak"))
         drop_cache(root)
         res.nb_restore.append(max(group.run(f"{W}:nb_restore", str(root), rep)))
+        # The same files read plainly: the restore's own cost against its files' cost.
+        drop_cache(root)
+        plain = group.run("_step_files:read_step_files", str(root), rep, f"{tag}-{rep}")
+        res.files_read.append(max(p["seconds"] for p in plain))
+        res.files_per_process = max(int(p["files"]) for p in plain)
         remove(root / str(rep))
 
     def run_ob(rep: int) -> None:
@@ -450,6 +456,7 @@ def main(argv: list[str] | None = None) -> int:
     tables, targets = report(
         results, journal, bar, scaling, headline, args.processes, args.reps, state_rows
     )
+    tables += files_table(measured.values(), args.processes, args.reps)
     done_when = goals(results, state_rows, bar)
     tables += goals_table(done_when)
     targets += done_when

@@ -94,6 +94,15 @@ def test_compare_quick_reports_every_measure(tmp_path):
         r"barrier round trip vs the service's `wait_at_barrier`",
     ):
         assert re.search(rf"\| {name} \| [^|]+ \| [<>]= [\d.]+x? \| (yes|NO) \|", report), name
+    # Every state and size measured is also set against a plain read of its own files.
+    plain = table_rows(report, "### Cold restore against a plain read of its own files")
+    assert sorted((r[0], r[1]) for r in plain) == sorted(
+        [(state, r[1]) for state, r in rows.items()] + [("fsdp", "8 MiB")]
+    )
+    for r in plain:
+        assert int(r[2]) >= 1, r  # a process reads at least one file (its pack)
+        assert all(re.fullmatch(SECONDS, c) for c in r[3:6]), r
+        assert all(re.fullmatch(RATIO, c) for c in r[6:8]), r
     # Issue 29's goals: the barrier's judged; --quick's sizes stand for none of the states'.
     goal = r"\| barrier round trip / jax `wait_at_barrier` \| [^|]+ \| <= 1\.0x \| (yes|NO) \|"
     assert re.search(goal, report)

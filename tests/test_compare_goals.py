@@ -175,3 +175,22 @@ def test_the_write_limit_is_the_way_faster_over_the_run_not_the_faster_draw_of_e
     run.lim_write_direct[:] = [0.9, 1.0, 1.05]
     assert run.lim_write == [0.9, 1.0, 1.05]
     assert SizeResult(nbytes=1, owned=1).lim_write == []
+
+
+def test_the_plain_read_of_a_steps_files_reads_each_data_file_once_bytes_evened(tmp_path):
+    from _step_files import data_files, share
+
+    step = tmp_path / "7"
+    sizes = {"w/0.0": 8, "w/1.0": 7, "v/0.0": 6, "_PACKED/process_0": 3}
+    sizes |= {"_PACKED/process_1": 2, "_PACKED/process_2": 1}
+    records = ["_NBCKPT_METADATA", "_CHECKSUMS/process_0.json", "w/.zarray", "v/.zarray"]
+    for name, size in [*sizes.items(), *((r, 2) for r in records)]:
+        (step / name).parent.mkdir(parents=True, exist_ok=True)
+        (step / name).write_bytes(b"x" * size)
+    files = data_files(step)
+    assert sorted(Path(p).relative_to(step).as_posix() for _, p in files) == sorted(sizes)
+    shares = [share(files, p, 3) for p in range(3)]
+    # Every process computes the same split: each file read once, by one process.
+    assert sorted(p for s in shares for p in s) == sorted(p for _, p in files)
+    loads = [sum(Path(p).stat().st_size for p in s) for s in shares]
+    assert loads == [9, 9, 9]  # largest first, each to the process with the fewest bytes
