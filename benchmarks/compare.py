@@ -232,7 +232,12 @@ def bench_size(
     for rep in range(reps):
         for run in in_turn(runners, rep):
             run(rep)
-        log(f"  {layout} {fmt_size(res.nbytes)} rep {rep + 1}/{reps} done")
+        # Each repetition's restore times, so that a slow one can be told from the rest.
+        log(
+            f"  {layout} {fmt_size(res.nbytes)} rep {rep + 1}/{reps} done (cold restore "
+            f"{res.nb_restore[-1]:.2f} s, its files read plainly {res.files_read[-1]:.2f} s, "
+            f"the plain-file limit {res.lim_read[-1]:.2f} s)"
+        )
     group.run(f"{W}:close_all")
     remove(base / f"nb-{tag}")
     return res
