@@ -1,10 +1,10 @@
 """A plain read of a step's own files: what the restore would take with no software.
 
 ``compare.py`` times, besides the plain-file limit (one file per process), a plain read
-of the files nbckpt wrote for the step (its chunk files and packs): the same loop as the
-limit's read, over those files. nbckpt's restore against it is what the restore's own
-work costs (planning, checks, placing); it against the limit is what the step's files
-cost (many files per process instead of one).
+of the files nbckpt wrote for the step (its chunk files and packs), the way a restore
+reads a chunk file but with nothing else. nbckpt's restore against it is what the
+restore's own work costs (agreement, records, planning, checks, placing); it against
+the limit is what the step's files cost (several files per process instead of one).
 """
 
 from __future__ import annotations
