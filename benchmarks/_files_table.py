@@ -11,6 +11,8 @@ from collections.abc import Iterable
 
 from _compare_report import SizeResult, fmt_size, med, secs, spread
 
+from nbckpt.engine.restore.chunkfiles import SUM_PIECE
+
 
 def files_table(results: Iterable[SizeResult], processes: int, reps: int) -> list[str]:
     """Markdown lines for every state and size measured, smallest first; ends blank."""
@@ -38,8 +40,9 @@ def files_table(results: Iterable[SizeResult], processes: int, reps: int) -> lis
         "After each restore the page cache is dropped again and the step's files (its "
         "chunk files and packs, not its records) are read plainly, each once, the way a "
         "restore reads a chunk file but without its checks and mapping (by as many "
-        "threads per process as a restore reads chunk files with, each file whole, 1 MiB "
-        "at a time into a reused buffer), the files split among the processes to even "
+        "threads per process as a restore reads chunk files with, each file whole, "
+        f"{fmt_size(SUM_PIECE)} at a time into a reused buffer), the files split among the "
+        "processes to even "
         "out their bytes (largest first), timed between two barriers. "
         "nbckpt / its files is nbckpt's speed over that read's (1x: the restore's planning, "
         "checks and placing cost nothing), its files / limit that read's speed over the "

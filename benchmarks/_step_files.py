@@ -60,13 +60,15 @@ def read_step_files(root: str, step: int, tag: str) -> dict[str, float]:
     :data:`~nbckpt.engine.restore.chunkfiles.THREADS` threads at once, each whole file
     a :data:`~nbckpt.engine.restore.chunkfiles.SUM_PIECE` at a time into a buffer of
     its thread's.
-    Returns ``seconds``, and the ``files`` and ``bytes`` this process read.
+    Returns ``seconds``, and the number of ``files`` this process read.
     """
     import jax
 
     from nbckpt.engine.restore.chunkfiles import SUM_PIECE, THREADS
 
-    mine = share(data_files(Path(root) / str(step)), jax.process_index(), jax.process_count())
+    files = data_files(Path(root) / str(step))
+    mine = share(files, jax.process_index(), jax.process_count())
+    expected = sum(size for size, path in files if path in set(mine))
     buffers = threading.local()
 
     def read(path: str) -> int:
@@ -87,4 +89,6 @@ def read_step_files(root: str, step: int, tag: str) -> dict[str, float]:
         got = sum(pool.map(read, mine))
         sync.barrier("bench-stepfiles", f"{tag}-1", timeout_s=600)
         seconds = time.perf_counter() - t0
-    return {"seconds": seconds, "files": len(mine), "bytes": got}
+    if got != expected:  # a read cut short would make the baseline look fast
+        raise AssertionError(f"read {got} bytes of the step's files, expected {expected}")
+    return {"seconds": seconds, "files": len(mine)}
