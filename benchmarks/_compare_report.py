@@ -78,6 +78,15 @@ class SizeResult:
         modes = [m for m in (self.lim_write_buffered, self.lim_write_direct) if m]
         return min(modes, key=statistics.median) if modes else []
 
+    def drop_first(self, n: int) -> None:
+        """Forget the first ``n`` repetitions' times: a run's untimed warm-up.
+
+        Peak memory is kept: it is judged by its largest, and the warm-up's counts.
+        """
+        for name, value in vars(self).items():
+            if isinstance(value, list) and not name.endswith("_peak"):
+                del value[:n]
+
 
 @dataclass
 class JournalResult:

@@ -3,7 +3,8 @@
 Run: ``.venv/bin/python benchmarks/compare.py [--sizes 64M,256M,1G,4G] [--reps 5]
 [--states fsdp,replicated,mesh2d,small] [--state-sizes 64M,256M,1G]``
 (``pip install -e ".[bench]"`` installs Orbax; without it the Orbax columns read n/a).
-``--quick`` is a smoke run of a minute or two with tiny sizes and one repetition.
+``--quick`` is a smoke run of a minute or two with tiny sizes, one repetition and no
+warm-up (``--warmup``, by default one untimed repetition of each state first).
 
 The same group of local JAX processes (one CPU device each) holds a state with random
 values and saves and restores it with nbckpt, with Orbax
@@ -46,6 +47,7 @@ REPO = HERE.parent
 sys.path[:0] = [str(HERE), str(REPO)]
 
 from _compare_goals import goals, goals_table  # noqa: E402
+from _compare_method import method  # noqa: E402
 from _compare_report import (  # noqa: E402
     KEEP_MARK,
     JournalResult,
@@ -151,11 +153,16 @@ def bench_size(
     orbax: bool,
     log: Callable[[str], None],
     layout: str = "fsdp",
+    warmup: int = 1,
 ) -> SizeResult:
     """Alternate nbckpt, Orbax and the raw limits on one state, ``reps`` times.
 
     The plain-file limit is measured for every layout; raw tensorstore and the
     single-stream write (the "Save and cold restore" table's columns) for ``fsdp``.
+    ``warmup`` repetitions of them all run first and are not counted: on this VM the
+    first use of memory the host took back costs about a second per GiB, and it fell
+    on whoever ran first (nbckpt's first restore of each state, up to 1.6 s against
+    0.6 s; see RESULTS.md).
     """
     built = group.run(f"{W}:build", nbytes, kwargs={"layout": layout})
     res = SizeResult(
@@ -229,17 +236,20 @@ def bench_size(
         runners.append(run_raw)
     if orbax:
         runners.append(run_ob)
-    for rep in range(reps):
-        for run in in_turn(runners, rep):
+    for rep in range(warmup + reps):
+        # The warm-up runs in the reverse of the first timed repetition's order.
+        for run in in_turn(runners, rep - warmup):
             run(rep)
         # Each repetition's restore times, so that a slow one can be told from the rest.
+        which = "warm-up" if rep < warmup else f"rep {rep - warmup + 1}/{reps}"
         log(
-            f"  {layout} {fmt_size(res.nbytes)} rep {rep + 1}/{reps} done (cold restore "
+            f"  {layout} {fmt_size(res.nbytes)} {which} done (cold restore "
             f"{res.nb_restore[-1]:.2f} s, its files read plainly {res.files_read[-1]:.2f} s, "
             f"the plain-file limit {res.lim_read[-1]:.2f} s)"
         )
     group.run(f"{W}:close_all")
     remove(base / f"nb-{tag}")
+    res.drop_first(warmup)
     return res
 
 
@@ -381,6 +391,9 @@ def main(argv: list[str] | None = None) -> int:
         "--state-sizes", default="64M,256M,1G", help="sizes of every state in --states"
     )
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument(
+        "--warmup", type=int, default=1, help="untimed repetitions of each state first"
+    )
     parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--scaling-size", default="1G", help="total bytes for 1/2/4 processes")
     parser.add_argument("--barriers", type=int, default=200)
@@ -401,6 +414,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.sizes, args.reps, args.scaling_size, args.barriers = "8M,16M", 1, "16M", 50
+        args.warmup = 0
         args.state_sizes = "16M"  # with fsdp at 16M from --sizes: measured once
     out = Path(args.out) if args.out else (None if args.quick else HERE / "RESULTS.md")
     sizes = list(dict.fromkeys(parse_size(s) for s in args.sizes.split(",") if s))
@@ -434,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
                 for layout, nbytes in plan:
                     log(f"state {layout}, size {fmt_size(nbytes)}")
                     measured[layout, nbytes] = bench_size(
-                        group, base, nbytes, args.reps, orbax, log, layout
+                        group, base, nbytes, args.reps, orbax, log, layout, args.warmup
                     )
                 log("barriers")
                 bar = bench_barriers(group, args.barriers, max(BARRIER_ROUNDS, args.reps))
@@ -483,33 +497,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         "## Method",
         "",
-        f"{args.processes} local JAX processes x 1 CPU device joined by jax.distributed. "
-        "The states, with random values: `fsdp`, 8 float32 arrays sharded on their first "
-        "axis over all devices (the state of the first table); `replicated`, the same "
-        'arrays whole on every device; `mesh2d`, a ("data", "model") mesh of shape '
-        '(2, n/2) ((1, n) for an odd n), leaves alternating between `P("data", "model")` and '
-        '`P(None, "model")`; `small`, a nested optimizer-like tree: six large `fsdp` '
-        "leaves, 384 replicated leaves of 1-64 KiB, 0-d arrays and Python scalars; "
-        "`transformer`, a 12-layer transformer's parameters and AdamW `mu` and `nu` "
-        "(embedding, per layer four FSDP-sharded matrices, four biases and two layer norms "
-        "replicated, 442 leaves); `many`, the same with 111 layers (4,006 leaves). Per "
-        "repetition, forward and backward in turns (the order below, then its reverse, "
-        "so that neither nbckpt nor Orbax runs right after the other): nbckpt "
-        "(`AsyncCheckpointer.save` + `wait_until_finished`, restore into the same "
-        "shardings), the plain-file limit (each unique byte written once, split evenly "
-        "among the processes, `fdatasync`'d, and read back, timed "
-        "between two barriers; the write is, of a buffered one and an `O_DIRECT` one made "
-        "in turns, the one with the lower median over the repetitions), for `fsdp` raw "
-        "tensorstore (one uncompressed zarr chunk per shard, fsync'd, timed between two "
-        "barriers) and a `dd`-like single-stream write + `fdatasync` from the parent, and Orbax "
-        "(`ocp.AsyncCheckpointer(ocp.StandardCheckpointHandler())`, its durable "
-        "defaults: OCDBT, zstd, fsync). Every timed call starts at a barrier of the "
-        "processes, as the limit's do. After each run its files are "
-        "deleted and `sync`ed. nbckpt and Orbax each save with one checkpointer per "
-        "process kept over the repetitions, as a training loop does (nbckpt keeps its "
-        "staging buffers, and any host copies, from its last save). The page cache is dropped "
-        f"(`{drop_cache.__module__}.drop_cache`) before every read. Figures are medians "
-        "over repetitions of the slowest process.",
+        method(args.processes, args.warmup, f"{drop_cache.__module__}.drop_cache"),
         "",
         "## Results",
         "",
