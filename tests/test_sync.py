@@ -94,7 +94,9 @@ def test_peer_failure_aborts_waiters_before_the_deadline():
     for i in (0, 2):
         process, waited = res[i]
         assert process == 1
-        assert waited < 2
+        # Well before the 30 s deadline: given up on the failure, not waited out (the
+        # bound leaves room for a loaded machine; it is not a speed requirement).
+        assert waited < 10
 
 
 def test_a_peer_taken_for_gone_cannot_pass_once_it_comes_back():
