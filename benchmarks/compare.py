@@ -243,9 +243,11 @@ def bench_size(
         # Each repetition's restore times, so that a slow one can be told from the rest.
         which = "warm-up" if rep < warmup else f"rep {rep - warmup + 1}/{reps}"
         log(
-            f"  {layout} {fmt_size(res.nbytes)} {which} done (cold restore "
-            f"{res.nb_restore[-1]:.2f} s, its files read plainly {res.files_read[-1]:.2f} s, "
-            f"the plain-file limit {res.lim_read[-1]:.2f} s)"
+            f"  {layout} {fmt_size(res.nbytes)} {which} done (durable save "
+            f"{res.nb_commit[-1]:.2f} s, the plain-file writes "
+            f"{res.lim_write_buffered[-1]:.2f} s and {res.lim_write_direct[-1]:.2f} s; cold "
+            f"restore {res.nb_restore[-1]:.2f} s, its files read plainly "
+            f"{res.files_read[-1]:.2f} s, the plain-file limit {res.lim_read[-1]:.2f} s)"
         )
     group.run(f"{W}:close_all")
     remove(base / f"nb-{tag}")
