@@ -34,9 +34,10 @@ def method(processes: int, warmup: int, drop_cache: str) -> str:
         + (
             ("One warm-up repetition" if warmup == 1 else f"{warmup} warm-up repetitions")
             + " of all of these per state, in the reverse order, ran first; their times "
-            "are not counted (their peak memory is): on this VM the first use of memory "
-            "the host took back costs about a second per GiB, and it fell on whoever "
-            "ran first. "
+            "are not counted (their peak memory is): on this VM a first use of memory "
+            "its host took back is slow, and it fell on whoever ran first (nbckpt's "
+            "first restore of the 1 GiB `fsdp` state took 1.5-1.6 s in two runs, the "
+            "others about 0.6 s). "
             if warmup
             else "No warm-up repetition. "
         )

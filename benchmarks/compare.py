@@ -160,8 +160,8 @@ def bench_size(
     The plain-file limit is measured for every layout; raw tensorstore and the
     single-stream write (the "Save and cold restore" table's columns) for ``fsdp``.
     ``warmup`` repetitions of them all run first and are not counted: on this VM the
-    first use of memory the host took back costs about a second per GiB, and it fell
-    on whoever ran first (nbckpt's first restore of each state, up to 1.6 s against
+    first use of memory the host took back is slow, and it fell on whoever ran first
+    (nbckpt's first restore of the 1 GiB ``fsdp`` state: 1.5-1.6 s against about
     0.6 s; see RESULTS.md).
     """
     built = group.run(f"{W}:build", nbytes, kwargs={"layout": layout})

@@ -177,7 +177,7 @@ def test_the_write_limit_is_the_way_faster_over_the_run_not_the_faster_draw_of_e
     assert SizeResult(nbytes=1, owned=1).lim_write == []
 
 
-def test_a_warm_up_repetition_is_forgotten_in_every_figure_and_nothing_else():
+def test_a_warm_up_repetitions_times_are_forgotten_its_peak_memory_kept():
     # compare.py runs each state once untimed first: its times must leave every list
     # (a slow first restore then no longer counts); its peak memory, judged by the
     # largest, stays, as do the state's own facts.
