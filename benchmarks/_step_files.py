@@ -68,7 +68,8 @@ def read_step_files(root: str, step: int, tag: str) -> dict[str, float]:
 
     files = data_files(Path(root) / str(step))
     mine = share(files, jax.process_index(), jax.process_count())
-    expected = sum(size for size, path in files if path in set(mine))
+    chosen = set(mine)
+    expected = sum(size for size, path in files if path in chosen)
     buffers = threading.local()
 
     def read(path: str) -> int:
