@@ -424,6 +424,8 @@ def main(argv: list[str] | None = None) -> int:
     states = list(dict.fromkeys(s.strip() for s in args.states.split(",") if s.strip()))
     if unknown := [s for s in states if s not in LAYOUTS]:
         parser.error(f"unknown state(s) {', '.join(unknown)}; choose from {', '.join(LAYOUTS)}")
+    if args.warmup < 0:
+        parser.error(f"--warmup must be 0 or more, got {args.warmup}")
     if not sizes:
         parser.error("--sizes is empty: the fsdp state needs at least one size")
     # fsdp at --sizes feeds the first table, every state at --state-sizes the States

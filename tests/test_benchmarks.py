@@ -32,6 +32,15 @@ def table_rows(report: str, heading: str) -> list[list[str]]:
     return rows
 
 
+def test_compare_refuses_a_negative_warm_up_in_one_line(tmp_path):
+    # A negative count would have dropped the last repetitions' times, not the first's.
+    cmd = [sys.executable, str(COMPARE), "--warmup", "-1", "--dir", str(tmp_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].endswith("--warmup must be 0 or more, got -1")
+    assert list(tmp_path.iterdir()) == []  # refused before anything was measured
+
+
 def test_compare_quick_reports_every_measure(tmp_path):
     out = tmp_path / "RESULTS.md"
     # A report from an earlier run, with notes written by hand after the marker.
