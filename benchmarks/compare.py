@@ -424,8 +424,11 @@ def main(argv: list[str] | None = None) -> int:
     states = list(dict.fromkeys(s.strip() for s in args.states.split(",") if s.strip()))
     if unknown := [s for s in states if s not in LAYOUTS]:
         parser.error(f"unknown state(s) {', '.join(unknown)}; choose from {', '.join(LAYOUTS)}")
-    if args.warmup < 0:
-        parser.error(f"--warmup must be 0 or more, got {args.warmup}")
+    # A count below its least would fail mid-run (no medians) or, for --warmup, drop
+    # the last repetitions' times instead of the first's: refused before any work.
+    for name, least in (("reps", 1), ("warmup", 0), ("processes", 1), ("barriers", 1)):
+        if (value := getattr(args, name)) < least:
+            parser.error(f"--{name} must be {least} or more, got {value}")
     if not sizes:
         parser.error("--sizes is empty: the fsdp state needs at least one size")
     # fsdp at --sizes feeds the first table, every state at --state-sizes the States
